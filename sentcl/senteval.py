@@ -109,9 +109,7 @@ def read_lines(path: Path, problems: list[DataFormatError] | None = None) -> lis
     return [line.rstrip("\r") for line in lines]
 
 
-def _score(
-    value: str, path: Path, line: int, problems: list[DataFormatError] | None
-) -> float | None:
+def _score(value: str, path: Path, line: int, problems: list[DataFormatError] | None) -> float | None:
     try:
         return float(value)
     except ValueError:

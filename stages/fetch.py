@@ -1,0 +1,255 @@
+"""DVC stage `fetch`: SentEval STS12-16, STS-B, SICK and SNLI into data/raw, with a manifest.
+
+Sources, first that exists wins: $SENTEVAL_MIRROR, `data.mirror` in params.yaml (a folder or an http(s)/file URL
+of a tarball in SentEval layout), the team mirror ../shared/senteval beside the checkout, then the public upstream
+(the SentEval tarball the SimCSE authors publish for STS and SICK, and the SNLI release for SNLI dev/test).
+DVC does not see the environment variable: after switching sources run `dvc repro -f fetch`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sentcl.senteval import SICK_FILES, SNLI_SPLITS, STSB_SPLITS, iter_sts_tasks
+from sentcl.upstream import nli_jsonl_to_senteval, write_senteval_nli
+from stages.common import RAW, SHARED_MIRROR, load_params
+
+SET_SOURCE_HINT = (
+    "set SENTEVAL_MIRROR (or data.mirror in params.yaml) to a folder or tarball URL in SentEval layout"
+)
+
+
+class FetchError(RuntimeError):
+    """A source that cannot give the data; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class FetchConfig:
+    mirror: str | None
+    upstream: str
+    snli_upstream: str
+    multinli_upstream: str
+    full_nli: bool = False
+    connect_timeout_s: float = 5.0
+
+    @classmethod
+    def from_params(cls, params: dict) -> FetchConfig:
+        data = params["data"]
+        return cls(
+            mirror=data.get("mirror"),
+            upstream=data["upstream"],
+            snli_upstream=data["snli_upstream"],
+            multinli_upstream=data["multinli_upstream"],
+            full_nli=bool(data.get("full_nli", False)),
+            connect_timeout_s=float(data.get("connect_timeout_s", 5)),
+        )
+
+
+def required_files() -> list[Path]:
+    """Every file the validate stage reads, relative to a SentEval ``downstream`` folder."""
+    files = []
+    for _, subset, folder in iter_sts_tasks(Path()):
+        files += [folder / f"STS.input.{subset}.txt", folder / f"STS.gs.{subset}.txt"]
+    files += [Path("STS/STSBenchmark") / f"sts-{split}.csv" for split in STSB_SPLITS]
+    files += [Path("SICK") / name for name in SICK_FILES.values()]
+    files += [Path("SNLI") / f"{kind}.{split}" for split in SNLI_SPLITS for kind in ("s1", "s2", "labels")]
+    return files
+
+
+def choose_source(config: FetchConfig) -> tuple[str, str]:
+    """(where the setting came from, the source) in the documented order."""
+    if os.environ.get("SENTEVAL_MIRROR"):
+        return "SENTEVAL_MIRROR", os.environ["SENTEVAL_MIRROR"]
+    if config.mirror:
+        return "data.mirror", str(config.mirror)
+    if SHARED_MIRROR.is_dir():
+        return "team mirror", str(SHARED_MIRROR)
+    return "upstream", config.upstream
+
+
+def is_url(source: str) -> bool:
+    return source.split("://", 1)[0] in ("http", "https", "file")
+
+
+def download(url: str, target: Path, timeout: float) -> Path:
+    """Download with a short connect timeout; no network gives a FetchError naming the URL, never a hang."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(target, "wb") as out:
+            total = int(response.headers.get("Content-Length") or 0) or None
+            with tqdm(
+                total=total, unit="B", unit_scale=True, desc=f"download {url.rsplit('/', 1)[-1]}"
+            ) as bar:
+                while chunk := response.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except OSError as exc:  # URLError, timeouts and refused connections are all OSErrors
+        reason = getattr(exc, "reason", exc)
+        raise FetchError(f"cannot download {url} ({reason}); {SET_SOURCE_HINT}") from exc
+    return target
+
+
+def find_senteval_root(folder: Path) -> Path | None:
+    """The folder holding STS/ (a tarball may wrap it in SentEval/data/downstream/ or similar)."""
+    for candidate in [folder, *sorted(p.parent for p in folder.rglob("STS") if p.is_dir())]:
+        if (candidate / "STS").is_dir():
+            return candidate
+    return None
+
+
+def unpack(archive: Path, into: Path) -> None:
+    if zipfile.is_zipfile(archive):
+        with zipfile.ZipFile(archive) as zf:
+            zf.extractall(into)
+    else:
+        try:
+            with tarfile.open(archive) as tf:
+                tf.extractall(into, filter="data")
+        except tarfile.TarError as exc:
+            raise FetchError(f"{archive.name} is neither a tar nor a zip archive ({exc})") from exc
+
+
+def copy_available(root: Path, target: Path, manifest: dict[str, str], origin: str) -> None:
+    """Copy the required files that ``root`` has (plus licence/readme files beside them) into ``target``."""
+    for relative in required_files():
+        source_file = root / relative
+        if source_file.is_file() and not (target / relative).exists():
+            (target / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source_file, target / relative)
+            manifest[relative.as_posix()] = origin
+    for folder in {r.parent for r in required_files()}:
+        for extra in (root / folder).glob("*"):
+            if extra.is_file() and not (target / folder / extra.name).exists() and (target / folder).is_dir():
+                shutil.copyfile(extra, target / folder / extra.name)
+                manifest[(folder / extra.name).as_posix()] = origin
+    for extra_nli in ("SNLI", "MultiNLI"):  # train splits of a full-NLI mirror
+        for path in (root / extra_nli).glob("*.train") if (root / extra_nli).is_dir() else []:
+            relative = Path(extra_nli) / path.name
+            if not (target / relative).exists():
+                (target / relative).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, target / relative)
+                manifest[relative.as_posix()] = origin
+
+
+def fetch_nli_release(
+    url: str, target: Path, splits: dict[str, str], config: FetchConfig, scratch: Path
+) -> str:
+    """Download an SNLI/MultiNLI zip and write ``splits`` ({jsonl name suffix: split}) in SentEval layout."""
+    archive = download(url, scratch / url.rsplit("/", 1)[-1], config.connect_timeout_s)
+    with zipfile.ZipFile(archive) as zf:
+        for suffix, split in splits.items():
+            member = next((n for n in zf.namelist() if n.endswith(f"_{suffix}.jsonl")), None)
+            if member is None:
+                raise FetchError(f"{url} has no *_{suffix}.jsonl")
+            lines = zf.read(member).decode("utf-8").splitlines()
+            write_senteval_nli(target, split, nli_jsonl_to_senteval(lines))
+    return url
+
+
+def fetch(config: FetchConfig, output: Path = RAW) -> dict:
+    """Fill ``output`` from the chosen source and return the manifest. ``output`` is replaced only on success."""
+    setting, source = choose_source(config)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=output.parent, prefix=".fetch-") as tmp:
+        scratch, staging = Path(tmp) / "scratch", Path(tmp) / "raw"
+        scratch.mkdir()
+        staging.mkdir()
+        origins: dict[str, str] = {}
+
+        if is_url(source):
+            unpack(
+                download(source, scratch / "senteval-archive", config.connect_timeout_s), scratch / "unpacked"
+            )
+            root = find_senteval_root(scratch / "unpacked")
+            if root is None:
+                raise FetchError(f"the archive at {source} has no STS/ folder; it is not in SentEval layout")
+        else:
+            root = Path(source).expanduser()
+            if not root.is_dir():
+                raise FetchError(f"{setting} points to {root}, which is not a folder; {SET_SOURCE_HINT}")
+        copy_available(root, staging, origins, source)
+
+        # The SimCSE tarball carries STS and SICK only; SNLI dev/test then comes from the SNLI release.
+        if setting == "upstream" and not (staging / "SNLI" / "s1.dev").exists():
+            fetch_nli_release(
+                config.snli_upstream, staging / "SNLI", {"dev": "dev", "test": "test"}, config, scratch
+            )
+            for split in SNLI_SPLITS:
+                for kind in ("s1", "s2", "labels"):
+                    origins[f"SNLI/{kind}.{split}"] = config.snli_upstream
+
+        if config.full_nli:
+            if not (staging / "SNLI" / "s1.train").exists():
+                fetch_nli_release(config.snli_upstream, staging / "SNLI", {"train": "train"}, config, scratch)
+                origins.update({f"SNLI/{k}.train": config.snli_upstream for k in ("s1", "s2", "labels")})
+            if not (staging / "MultiNLI" / "s1.train").exists():
+                multinli_splits = {
+                    "train": "train",
+                    "dev_matched": "dev.matched",
+                    "dev_mismatched": "dev.mismatched",
+                }
+                fetch_nli_release(
+                    config.multinli_upstream, staging / "MultiNLI", multinli_splits, config, scratch
+                )
+                origins.update(
+                    {
+                        f"MultiNLI/{k}.{s}": config.multinli_upstream
+                        for k in ("s1", "s2", "labels")
+                        for s in multinli_splits.values()
+                    }
+                )
+
+        missing = [r.as_posix() for r in required_files() if not (staging / r).is_file()]
+        if missing:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise FetchError(f"{source} ({setting}) lacks {len(missing)} required files: {shown}")
+
+        manifest = {
+            "source": source,
+            "source_setting": setting,
+            "full_nli": config.full_nli,
+            "files": {
+                path.relative_to(staging).as_posix(): {
+                    "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
+                    "bytes": path.stat().st_size,
+                    "origin": origins.get(path.relative_to(staging).as_posix(), source),
+                }
+                for path in sorted(staging.rglob("*"))
+                if path.is_file()
+            },
+        }
+        (staging / "MANIFEST.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+        previous = Path(tmp) / "previous"
+        if output.exists():
+            output.rename(previous)
+        staging.rename(output)
+    return manifest
+
+
+def main() -> None:
+    config = FetchConfig.from_params(load_params())
+    try:
+        manifest = fetch(config)
+    except FetchError as exc:
+        print(f"fetch: {exc}", file=sys.stderr)
+        sys.exit(2)
+    print(
+        f"fetch: {len(manifest['files'])} files from {manifest['source']} ({manifest['source_setting']}) -> {RAW}"
+    )
+
+
+if __name__ == "__main__":
+    main()
