@@ -4,6 +4,8 @@ PYTHON_BOOT ?= python3.11
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 STAMP       := $(VENV)/.installed
+# Stage commands in dvc.yaml say `python`: the venv's, for make targets and the DVC runs they start.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 export DO_NOT_TRACK = 1
