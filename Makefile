@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export DO_NOT_TRACK = 1
 export GX_ANALYTICS_ENABLED = False
 
-.PHONY: setup run test test-all lint format bench-train bench-eval analyses report serve stop clean
+.PHONY: setup run test test-all lint format bench-train exp bench-eval analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -39,6 +39,39 @@ lint: setup
 
 format: setup
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
+
+# Training throughput of the transfer loop against a plain Hugging Face loop on the same batch, as a ratio.
+bench-train: setup
+	$(PY) -m benchmarks.bench_train
+
+# A named parameter profile (profiles/<name>.yaml) run as a DVC experiment: make exp PROFILE=paper
+PROFILE ?= paper
+exp: setup
+	$(PY) -m stages.profile profiles/$(PROFILE).yaml --run
+
+# Evaluation throughput against plain sentence-transformers encode, both as whole processes, in one run.
+bench-eval: setup
+	$(PY) benchmarks/bench_eval.py
+
+# The paper's analyses (never part of `make run`; they log and register nothing). One target each; the
+# training sweeps are short CPU runs by default: ANALYZE_ARGS="--steps 60 --max-texts all" for longer ones.
+ANALYSES := space freq-tokens aug-grid few-shot temperature batch-size
+ANALYZE_ARGS ?=
+analyses: $(addprefix analysis-,$(ANALYSES))
+analysis-%: setup
+	$(PY) -m stages.analyze $* $(ANALYZE_ARGS)
+
+# One HTML page from metrics/ and plots/: reports/index.html
+report: setup
+	$(PY) -m stages.report
+
+# Local servers on 127.0.0.1 (Prefect :4200 + process worker + deployments + inbox watcher, MLflow UI :5000);
+# PIDs and logs in .run/. Ports: make serve PREFECT_PORT=4300 MLFLOW_PORT=5100.
+serve: setup
+	VENV=$(VENV) infra/serve.sh
+
+stop:
+	infra/stop.sh
 
 clean:
 	rm -rf .pytest_cache .ruff_cache

@@ -75,7 +75,11 @@ class Encoder(nn.Module):
         )
 
     def forward(
-        self, input_ids: torch.Tensor | None, attention_mask: torch.Tensor, pooling: str | None = None, **model_kwargs
+        self,
+        input_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+        pooling: str | None = None,
+        **model_kwargs,
     ) -> torch.Tensor:
         """Sentence vectors. ``model_kwargs`` reach the model (``inputs_embeds``, ``position_ids``, ...)."""
         pooling = pooling or self.pooling

@@ -1,0 +1,199 @@
+"""STS benchmark of model folders: STS12-16, STS-B test, SICK-R test (Spearman x 100, protocols "all" and "mean").
+
+    python -m stages.evaluate                                   # DVC stage: every checkpoint -> metrics/sts.{json,md}
+    python -m stages.evaluate --model DIR [--output FILE.json]  # one model: the standalone JSON; logs nothing
+    python -m stages.evaluate --model NAME=DIR ... --output F   # several: {NAME: standalone JSON}; logs nothing
+
+``--data`` is a folder in SentEval layout (default: the pipeline's data/raw).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from sentcl.encoder import POOLINGS, resolve_model_path
+from sentcl.evaluation import Benchmark, evaluate, load_benchmark, markdown_table, order_result
+from sentcl.fast_encode import BACKENDS, DEFAULT_MAX_TOKENS, FastEncoder
+from stages.common import METRICS, MODELS, RAW, load_params, offline_hub
+
+log = logging.getLogger("stages.evaluate")
+CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")
+DEFAULTS: dict[str, Any] = {
+    "pooling": "last-avg",
+    "backend": "onnx",
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "checkpoints": list(CHECKPOINTS),
+}
+
+
+def evaluate_model(
+    model: str | Path,
+    benchmark: Benchmark,
+    pooling: str = "last-avg",
+    backend: str = "onnx",
+    max_length: int | None = None,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """The standalone JSON for one model folder (or the bundled model's name)."""
+    encoder = FastEncoder(
+        model,
+        pooling=pooling,
+        max_length=max_length,
+        backend=backend,
+        max_tokens=max_tokens,
+        progress=progress,
+    )
+    result = evaluate(benchmark, encoder)
+    result.update(
+        pooling=pooling,
+        model=str(model),
+        backend=encoder.backend,
+        max_length=encoder.max_length,
+        unique_sentences=len(benchmark.sentences),
+    )
+    return order_result(result)
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over a model folder's weights, config and tokenizer files (what decides its vectors)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).rglob("*")):
+        if path.is_file() and path.suffix in (".safetensors", ".bin", ".json", ".txt", ".model"):
+            if path.name == "README.md":
+                continue
+            h.update(str(path.relative_to(folder)).encode())
+            with open(path, "rb") as f:
+                for block in iter(lambda f=f: f.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
+
+
+def _summary(name: str, result: dict[str, Any]) -> str:
+    row = result["all"]
+    tasks = " ".join(f"{k} {v:.2f}" for k, v in row.items())
+    return f"{name}: {tasks} | STS-B dev {result['stsb_dev']:.2f} ({result['seconds']:.0f} s, {result['backend']})"
+
+
+def _parse_models(values: list[str]) -> tuple[dict[str, str], bool]:
+    """NAME=DIR pairs, or one plain DIR (then the output is that model's JSON, not a mapping)."""
+    if len(values) == 1 and ("=" not in values[0] or Path(values[0]).is_dir()):
+        return {values[0]: values[0]}, False
+    models = {}
+    for value in values:
+        name, sep, folder = value.partition("=")
+        if not sep:
+            raise SystemExit(f"evaluate: several models need NAME=DIR each, got {value!r}")
+        models[name] = folder
+    return models, True
+
+
+def run_pipeline(
+    params: dict[str, Any], data: Path, pooling: str | None, backend: str | None
+) -> dict[str, Any]:
+    """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run."""
+    from stages.tracking import log_stage, sts_metrics
+
+    settings = DEFAULTS | (params.get("evaluate") or {})
+    pooling = pooling or settings["pooling"]
+    backend = backend or settings["backend"]
+    folders = {name: MODELS / name for name in settings["checkpoints"]}
+    missing = [name for name, folder in folders.items() if not folder.is_dir()]
+    if missing:
+        raise SystemExit(
+            f"evaluate: missing checkpoints {missing}; run the training stages first (dvc repro)"
+        )
+    benchmark = load_benchmark(data)
+    results: dict[str, Any] = {}
+    seen: dict[str, str] = {}
+    for name, folder in folders.items():
+        # A stage that never beat its init writes the init unchanged: the same weights score the same, so
+        # they are evaluated once (exact, and it saves minutes of `make run` on CPU).
+        digest = weights_digest(folder)
+        if digest in seen:
+            results[name] = dict(results[seen[digest]], model=f"models/{name}", same_weights_as=seen[digest])
+            results[name]["seconds"] = 0.0
+        else:
+            results[name] = evaluate_model(
+                folder, benchmark, pooling, backend, max_tokens=int(settings["max_tokens"])
+            )
+            results[name]["model"] = f"models/{name}"
+            seen[digest] = name
+        log.info(_summary(name, results[name]))
+    METRICS.mkdir(parents=True, exist_ok=True)
+    (METRICS / "sts.json").write_text(json.dumps(results, indent=2) + "\n")
+    table = (
+        f"# STS benchmark by checkpoint\n\nSpearman x 100 of cosine similarity, pooling `{pooling}`, "
+        'protocol "all" (each task\'s subsets concatenated; ConSERT Table 3).\n\n'
+        + markdown_table(results, "all")
+        + '\nProtocol "mean" (average of per-subset Spearman; SentEval default):\n\n'
+        + markdown_table(results, "mean")
+    )
+    (METRICS / "sts.md").write_text(table)
+    metrics = {f"{name}.{k}": v for name, row in results.items() for k, v in sts_metrics(row).items()}
+    log_stage(
+        "evaluate",
+        {"evaluate": settings | {"pooling": pooling, "backend": backend}},
+        metrics,
+        inputs=[data, *folders.values()],
+        artifacts=[METRICS / "sts.json", METRICS / "sts.md"],
+    )
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", action="append", default=[], help="DIR, or NAME=DIR (repeatable)")
+    parser.add_argument("--data", type=Path, default=RAW, help="SentEval layout folder (default data/raw)")
+    parser.add_argument("--output", type=Path, help="JSON file (standalone mode; default: stdout)")
+    parser.add_argument("--pooling", choices=POOLINGS, help="default last-avg (params evaluate.pooling)")
+    parser.add_argument("--backend", choices=BACKENDS, help="onnx (default) or torch; same numbers")
+    parser.add_argument("--max-length", type=int, help="truncation; default the model's own max_seq_length")
+    parser.add_argument("--no-progress", action="store_true")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    offline_hub()
+    if not (args.data / "STS").is_dir():
+        raise SystemExit(f"evaluate: {args.data} is not in SentEval layout (no STS/ folder)")
+    params = load_params()
+    if not args.model:
+        if args.output:
+            raise SystemExit("evaluate: --output is for --model; the stage writes metrics/sts.json")
+        run_pipeline(params, args.data, args.pooling, args.backend)
+        return 0
+
+    settings = DEFAULTS | (params.get("evaluate") or {})
+    models, as_mapping = _parse_models(args.model)
+    benchmark = load_benchmark(args.data)
+    results = {}
+    for name, folder in models.items():
+        if not Path(resolve_model_path(folder)).exists() and not Path(folder).exists():
+            log.warning("evaluate: %s is not a local folder; trying it as a Hugging Face id", folder)
+        results[name] = evaluate_model(
+            folder,
+            benchmark,
+            args.pooling or settings["pooling"],
+            args.backend or settings["backend"],
+            max_length=args.max_length,
+            max_tokens=int(settings["max_tokens"]),
+            progress=not args.no_progress,
+        )
+        log.info(_summary(name, results[name]))
+    output = results if as_mapping else next(iter(results.values()))
+    text = json.dumps(output, indent=2) + "\n"
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,453 @@
+"""Stage `export`: the best checkpoint by STS-B dev becomes a release folder, an MLflow model and a challenger.
+
+    python -m stages.export                       # DVC stage: metrics/sts.json + models/<checkpoint>
+    python -m stages.export --sts FILE --model NAME=DIR ... --output DIR   # the retrain flow's candidates
+
+The init counts as a candidate (``base``, or the champion's weights in a retrain), so a run whose training
+did not help registers its init again, tagged ``beat_init=false``; only the gate moves ``champion``.
+
+The release folder is a sentence-transformers folder plus ``onnx/model.onnx`` (inputs ``input_ids`` and
+``attention_mask`` from the folder's tokenizer, output ``sentence_embedding``: the pooled vector), checked
+against PyTorch to 1e-4, and a model card (README.md) with data licences, params, the STS table, the weights'
+sha256 and the git commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from stages.common import METRICS, MODELS, load_params, offline_hub
+
+OUTPUT = MODELS / "export"
+ONNX_TOLERANCE = 1e-4
+CHECK_SENTENCES = [
+    "A man is playing a guitar.",
+    "Two dogs run through a snowy field.",
+    "The stock market fell sharply on Monday after the announcement.",
+    "x",
+    "A woman slices an onion in a small kitchen while the radio plays an old song about the sea.",
+]
+INPUT_EXAMPLE = ["a sentence", "another one"]
+
+# Licences of what the pipeline trains and evaluates on; the card lists them for every export.
+DATA_LICENCES = [
+    ("all-MiniLM-L6-v2 (base model)", "Apache-2.0", "sentence-transformers; pretrained on 1B sentence pairs"),
+    ("SNLI", "CC BY-SA 4.0", "NLI pre-training (pretrain_nli, joint)"),
+    (
+        "MultiNLI",
+        "mostly OANC / CC BY 3.0 (see the corpus description)",
+        "NLI pre-training when data.full_nli",
+    ),
+    (
+        "STS 2012-2016 (SemEval)",
+        "per-source terms; research use",
+        "unlabeled sentences for transfer; evaluation",
+    ),
+    (
+        "STS Benchmark",
+        "per-source terms (see the STS wiki)",
+        "unlabeled sentences for transfer; dev for selection",
+    ),
+    ("SICK", "CC BY-NC-SA 3.0: NON-COMMERCIAL", "unlabeled sentences for transfer; SICK-R evaluation"),
+]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def weights_sha256(folder: Path) -> dict[str, str]:
+    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    return {p.name: sha256_file(p) for p in files}
+
+
+def selection_score(row: dict[str, Any]) -> float:
+    """STS-B dev; with a domain dev set, the mean of STS-B dev and the domain Spearman (both x 100), so a
+    retrain that helps its domain can be the candidate even when general STS dips a little."""
+    if row.get("domain_spearman") is not None:
+        return (float(row["stsb_dev"]) + float(row["domain_spearman"])) / 2
+    return float(row["stsb_dev"])
+
+
+def choose(sts: dict[str, Any], folders: dict[str, Path]) -> str:
+    """The checkpoint with the best selection score among those whose folder exists; ties keep file order."""
+    scored = [
+        (selection_score(row), name)
+        for name, row in sts.items()
+        if isinstance(row, dict)
+        and row.get("stsb_dev") is not None
+        and folders.get(name, Path("/-")).exists()
+    ]
+    if not scored:
+        raise SystemExit(f"export: no checkpoint with stsb_dev and a model folder among {sorted(sts)}")
+    best = max(score for score, _ in scored)
+    return next(name for score, name in scored if score == best)
+
+
+def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
+    """``folder/onnx/model.onnx`` with the pooled vector as output, verified against PyTorch."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    from sentcl.encoder import Encoder
+
+    encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()
+
+    class Pooled(torch.nn.Module):
+        def __init__(self, inner: Encoder) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.inner(input_ids, attention_mask)
+
+    target = folder / "onnx" / "model.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    batch = encoder.tokenize(CHECK_SENTENCES[:2])
+    dims = {0: torch.export.Dim("batch"), 1: torch.export.Dim("sequence")}
+    started = time.time()
+    with torch.no_grad():
+        torch.onnx.export(
+            Pooled(encoder).eval(),
+            (batch["input_ids"], batch["attention_mask"]),
+            str(target),
+            input_names=["input_ids", "attention_mask"],
+            output_names=["sentence_embedding"],
+            dynamic_shapes={"input_ids": dims, "attention_mask": dims},
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+        )
+    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])
+    tokens = encoder.tokenize(CHECK_SENTENCES)
+    onnx_vectors = session.run(
+        None,
+        {"input_ids": tokens["input_ids"].numpy(), "attention_mask": tokens["attention_mask"].numpy()},
+    )[0]
+    torch_vectors = encoder.encode(CHECK_SENTENCES)
+    diff = float(np.abs(onnx_vectors - torch_vectors).max())
+    report = {
+        "file": "onnx/model.onnx",
+        "inputs": ["input_ids", "attention_mask"],
+        "output": "sentence_embedding",
+        "max_abs_diff_vs_pytorch": diff,
+        "tolerance": ONNX_TOLERANCE,
+        "sentences_checked": len(CHECK_SENTENCES),
+        "export_seconds": round(time.time() - started, 1),
+    }
+    (target.parent / "verification.json").write_text(json.dumps(report, indent=2) + "\n")
+    if not diff <= ONNX_TOLERANCE:
+        raise SystemExit(f"export: ONNX vectors differ from PyTorch by {diff:.2e} > {ONNX_TOLERANCE:.0e}")
+    return report
+
+
+def _table(sts_row: dict[str, Any]) -> str:
+    tasks = [t for t in (sts_row.get("all") or {}) if t != "avg"] + ["avg"]
+    lines = ["| protocol | " + " | ".join(tasks) + " |", "|---" * (len(tasks) + 1) + "|"]
+    for protocol in ("all", "mean"):
+        row = sts_row.get(protocol) or {}
+        if row:
+            cells = [f"{row[t]:.2f}" if isinstance(row.get(t), int | float) else "-" for t in tasks]
+            lines.append(f"| {protocol} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def model_card(info: dict[str, Any], params: dict[str, Any], sts_row: dict[str, Any]) -> str:
+    import yaml
+
+    licences = "\n".join(f"| {name} | {licence} | {use} |" for name, licence, use in DATA_LICENCES)
+    weights = "\n".join(f"- `{name}`: `{digest}`" for name, digest in info["weights_sha256"].items())
+    transductive = info["checkpoint"].startswith("transfer")
+    return f"""---
+library_name: sentence-transformers
+pipeline_tag: sentence-similarity
+base_model: {params.get("model", {}).get("name", "unknown")}
+license: other
+tags: [sentence-transformers, sentence-similarity, contrastive-learning, sentcl]
+---
+
+# {info["model_name"]}: checkpoint `{info["checkpoint"]}`
+
+Sentence encoder fine-tuned contrastively by the sentcl pipeline. Chosen as the checkpoint with the best
+STS-B dev Spearman ({info["stsb_dev"]:.2f}) among: {", ".join(info["candidates"])}.
+Trained checkpoint beat its init: **{str(info["beat_init"]).lower()}**.
+
+- Base model: `{params.get("model", {}).get("name", "unknown")}` (max_length {params.get("model", {}).get("max_length")})
+- Git commit: `{info["git_commit"] or "unknown"}`{" (with uncommitted changes)" if info.get("git_dirty") else ""}
+- Exported: {info["exported_at"]}
+
+## Use
+
+```python
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer("path/to/this/folder")
+vectors = model.encode(["a sentence", "another one"])   # mean pooling, not normalised
+```
+
+`onnx/model.onnx` takes `input_ids` and `attention_mask` from this folder's tokenizer and returns the pooled
+`sentence_embedding`; it matches PyTorch to {info["onnx"]["max_abs_diff_vs_pytorch"]:.1e} (tolerance 1e-4).
+
+## Training data and licences
+
+| data | licence | used for |
+|---|---|---|
+{licences}
+
+**SICK is licensed for non-commercial use only** (CC BY-NC-SA 3.0). A model trained on its sentences inherits
+that restriction unless you retrain without them.
+
+**The default `transfer` stage trains on the unlabeled sentences of the STS test sets** (STS12-16, STS-B, SICK-R;
+sentences only, never the scores), as in the ConSERT paper's unsupervised transfer setting.
+{"This checkpoint is such a transfer checkpoint: its STS test scores below are transductive, not a held-out estimate." if transductive else "This checkpoint's own (last) training stage did not use STS test sentences; an init it started from may have."}
+
+## STS results (Spearman x 100)
+
+{_table(sts_row)}
+
+STS-B dev: {info["stsb_dev"]:.2f}
+
+## Weights (sha256)
+
+{weights}
+
+## Parameters (params.yaml)
+
+```yaml
+{yaml.safe_dump(params, sort_keys=False).strip()}
+```
+"""
+
+
+def build_release(
+    checkpoint: str,
+    source: Path,
+    output: Path,
+    sts: dict[str, Any],
+    params: dict[str, Any],
+    beat_init: bool,
+) -> dict[str, Any]:
+    from stages import tracking
+
+    if output.exists():
+        shutil.rmtree(output)
+    shutil.copytree(source, output, ignore=shutil.ignore_patterns("onnx", "checkpoint-*", "*.pt"))
+    settings = tracking.registry_params(params)
+    info: dict[str, Any] = {
+        "model_name": settings["model_name"],
+        "checkpoint": checkpoint,
+        "source": str(source),
+        "candidates": list(sts),
+        "stsb_dev": float(sts[checkpoint]["stsb_dev"]),
+        "sts_all": {k: float(v) for k, v in (sts[checkpoint].get("all") or {}).items()},
+        "beat_init": beat_init,
+        "weights_sha256": weights_sha256(output),
+        "git_commit": tracking.git_commit(),
+        "git_dirty": tracking.git_dirty(),
+        "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+    info["onnx"] = export_onnx(output, int(params.get("model", {}).get("max_length", 64)))
+    (output / "README.md").write_text(model_card(info, params, sts[checkpoint]))
+    (output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _beat_init(checkpoint: str, train_metrics_dir: Path) -> tuple[bool, bool]:
+    """(the chosen checkpoint is trained and beat its init, any trained checkpoint of this run did)."""
+    flags = {}
+    for path in sorted(train_metrics_dir.glob("*.json")) if train_metrics_dir.exists() else []:
+        try:
+            flags[path.stem] = bool(json.loads(path.read_text()).get("beat_init"))
+        except (OSError, ValueError):
+            continue
+    return flags.get(checkpoint, False), any(flags.values())
+
+
+def log_and_register(
+    output: Path,
+    info: dict[str, Any],
+    params: dict[str, Any],
+    sts_row: dict[str, Any],
+    inputs: list[Path],
+    tags: dict[str, str],
+    gate: bool,
+    domain: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """One MLflow run `export` with the folder as a pyfunc model; then a `challenger` version and the gate."""
+    from sentence_transformers import SentenceTransformer
+
+    from stages import tracking
+
+    example_vectors = SentenceTransformer(str(output), device="cpu").encode(INPUT_EXAMPLE)
+    metrics = tracking.sts_metrics(sts_row)
+    metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+    started = time.time()
+    run_id, model_uri = tracking.log_pyfunc_run(
+        "export",
+        params,
+        metrics,
+        model_file=Path(__file__).with_name("pyfunc_encoder.py"),
+        artifacts={"encoder": output},
+        input_example=INPUT_EXAMPLE,
+        example_output=example_vectors,
+        pip_requirements=_pip_requirements(),
+        inputs=inputs,
+        tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+    )
+    logged = time.time()
+    version = tracking.register_candidate(
+        model_uri,
+        info["stsb_dev"],
+        info["sts_all"],
+        name=info["model_name"],
+        tags={
+            "checkpoint": info["checkpoint"],
+            "beat_init": str(info["beat_init"]).lower(),
+            "trained_beat_init": str(info.get("trained_beat_init", False)).lower(),
+            "weights_sha256": json.dumps(info["weights_sha256"]),
+            **(
+                {tracking.TAG_DOMAIN: f"{sts_row['domain_spearman']:.6f}"}
+                if sts_row.get("domain_spearman") is not None
+                else {}
+            ),
+            "run_id": run_id,
+            **{k: v for k, v in tags.items() if not k.startswith("mlflow.")},
+        },
+        run_id=run_id,
+    )
+    registered = time.time()
+    result: dict[str, Any] = {
+        "run_id": run_id,
+        "model_uri": model_uri,
+        "version": version,
+        "seconds_log_model": round(logged - started, 2),
+        "seconds_register": round(registered - logged, 2),
+    }
+    print(
+        f"export: registered {info['model_name']} version {version} as challenger ({info['checkpoint']}); "
+        f"log_model {result['seconds_log_model']}s, register+alias {result['seconds_register']}s"
+    )
+    if gate:
+        result["gate"] = tracking.promote(info["model_name"], version=version, params=params, domain=domain)
+    return result
+
+
+def _pip_requirements() -> list[str]:
+    """Pinned from this environment; MLflow's inference would load the model again just to find imports."""
+    from importlib.metadata import version
+
+    return [
+        f"{name}=={version(name)}"
+        for name in ("mlflow", "sentence-transformers", "transformers", "torch", "numpy", "pandas")
+    ]
+
+
+def domain_spearman(folder: Path, pairs: list[tuple[str, str, float]], max_length: int) -> float:
+    """Spearman x 100 of a model on the domain's scored pairs, with the same encoder as the STS evaluation."""
+    from sentcl.encoder import Encoder
+    from sentcl.sts import STSEvaluator
+
+    encoder = Encoder.from_pretrained(str(folder), max_length=max_length)
+    return STSEvaluator(pairs, name="domain")(encoder.encode)
+
+
+def _parse_models(values: list[str]) -> dict[str, Path]:
+    folders: dict[str, Path] = {}
+    for value in values:
+        name, sep, path = value.partition("=")
+        if not sep:
+            raise SystemExit(f"export: --model expects NAME=DIR, got {value!r}")
+        folders[name] = Path(path)
+    return folders
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sts", type=Path, default=METRICS / "sts.json", help="STS table by checkpoint")
+    parser.add_argument("--model", action="append", default=[], help="NAME=DIR; default models/<NAME>")
+    parser.add_argument("--train-metrics", type=Path, default=METRICS / "train")
+    parser.add_argument("--output", type=Path, default=OUTPUT)
+    parser.add_argument("--summary", type=Path, default=METRICS / "export.json")
+    parser.add_argument("--tag", action="append", default=[], help="KEY=VALUE on the run and the version")
+    parser.add_argument("--no-register", action="store_true", help="write the folder only")
+    parser.add_argument(
+        "--no-gate", action="store_true", help="register the challenger, leave champion alone"
+    )
+    parser.add_argument(
+        "--domain-dev", type=Path, help="scored pairs (s1<TAB>s2<TAB>score) of the new domain"
+    )
+    parser.add_argument(
+        "--champion-candidate",
+        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); its domain score "
+        "is the champion's in the gate",
+    )
+    args = parser.parse_args(argv)
+    offline_hub()
+
+    from stages import tracking
+
+    params = load_params()
+    if not args.no_register and tracking.tracking_enabled():
+        tracking.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
+    sts = json.loads(args.sts.read_text())
+    folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
+    domain: dict[str, Any] | None = None
+    tags = dict(value.partition("=")[::2] for value in args.tag)
+    if args.domain_dev:
+        from sentcl.domain import read_scored_pairs
+
+        pairs = read_scored_pairs(args.domain_dev)
+        max_length = int(params.get("model", {}).get("max_length", 64))
+        for name, row in sts.items():
+            if folders.get(name, Path("/-")).exists():
+                row["domain_spearman"] = domain_spearman(folders[name], pairs, max_length)
+                print(f"export: {name} domain Spearman {row['domain_spearman']:.2f} on {len(pairs)} pairs")
+        tags["domain_dev_sha256"] = hashlib.sha256(args.domain_dev.read_bytes()).hexdigest()
+    checkpoint = choose(sts, folders)
+    if args.domain_dev and args.champion_candidate:
+        champ_name, _, champ_version = args.champion_candidate.partition("=")
+        domain = {
+            "challenger": sts[checkpoint]["domain_spearman"],
+            "champion": sts[champ_name]["domain_spearman"],
+            "champion_version": champ_version,
+        }
+    beat_init, any_beat = _beat_init(checkpoint, args.train_metrics)
+    info = build_release(checkpoint, folders[checkpoint], args.output, sts, params, beat_init)
+    info["trained_beat_init"] = any_beat
+    print(f"export: {checkpoint} (stsb_dev {info['stsb_dev']:.2f}) -> {args.output}")
+    summary = {k: info[k] for k in ("checkpoint", "stsb_dev", "beat_init", "trained_beat_init")}
+    summary["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+    if "domain_spearman" in sts[checkpoint]:
+        summary["domain_spearman"] = sts[checkpoint]["domain_spearman"]
+    if not args.no_register and tracking.tracking_enabled():
+        inputs = [args.sts, folders[checkpoint]] + ([args.domain_dev] if args.domain_dev else [])
+        result = log_and_register(
+            args.output, info, params, sts[checkpoint], inputs, tags, not args.no_gate, domain
+        )
+        summary["registered_version"] = result["version"]
+        if "gate" in result:
+            summary["gate"] = {k: result["gate"][k] for k in ("decision", "reasons", "champion_after")}
+    args.summary.parent.mkdir(parents=True, exist_ok=True)
+    args.summary.write_text(json.dumps(summary, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    from stages.tracking import TrackingUnavailableError
+
+    try:
+        sys.exit(main())
+    except TrackingUnavailableError as e:
+        print(f"export: {e}", file=sys.stderr)
+        sys.exit(1)

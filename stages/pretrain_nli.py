@@ -1,0 +1,53 @@
+"""Stage ``pretrain_nli``: supervised training on NLI (SBERT's classifier CE, or supervised SimCSE) -> models/nli."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from stages.common import load_params
+from stages.training import (
+    load_nli,
+    load_pairs,
+    nli_pairs,
+    nli_triplets,
+    resolve_init,
+    run_stage,
+    setup_logging,
+    stage_config,
+    stage_parser,
+    stsb_dev,
+)
+
+
+def main(
+    argv: list[str] | None = None, section: str = "pretrain_nli", stage: str = "nli", mode: str = "nli"
+) -> None:
+    parser = stage_parser(
+        __doc__ if mode == "nli" else f"Stage {section}: {mode} training on NLI -> models/{stage}."
+    )
+    parser.add_argument("--init", default="base", help="base, or a model folder or id")
+    args = parser.parse_args(argv)
+    setup_logging()
+    params = load_params(Path(args.params) if args.params else None)
+    config = stage_config(params, section, {"mode": mode, "steps": args.steps})
+    processed = Path(args.processed)
+    nli = load_nli(processed)
+    examples = (
+        nli_triplets(nli) if config.mode == "nli" and config.objective == "sup_simcse" else nli_pairs(nli)
+    )
+    run_stage(
+        stage,
+        config,
+        resolve_init(args.init, Path(args.models_dir)),
+        examples,
+        stsb_dev(load_pairs(processed)),
+        Path(args.output) if args.output else Path(args.models_dir) / stage,
+        params,
+        [processed],
+        Path(args.metrics_dir),
+        Path(args.checkpoints_dir),
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,46 @@
+"""The MLflow pyfunc that serves the encoder: sentences in, one vector per sentence out.
+
+Logged as "models from code" (MLflow copies this file into the model), so a loaded model needs only
+sentence-transformers, not this repository, and nothing is pickled. The sentence-transformers folder travels
+as the artifact ``encoder``; vectors equal ``SentenceTransformer(folder).encode`` (mean pooling, no
+normalisation), which is what the exported folder gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlflow
+import numpy as np
+
+
+def _sentences(model_input: Any) -> list[str]:
+    """``mlflow models serve`` hands a DataFrame; ``predict`` in Python may get a list, an array or one string."""
+    if isinstance(model_input, str):
+        return [model_input]
+    if hasattr(model_input, "iloc") and hasattr(model_input, "columns"):  # pandas without importing it
+        column = "sentence" if "sentence" in model_input.columns else model_input.columns[0]
+        return [str(s) for s in model_input[column].tolist()]
+    if isinstance(model_input, dict):
+        values = model_input.get("sentence", next(iter(model_input.values())))
+        return [values] if isinstance(values, str) else [str(s) for s in values]
+    return [str(s) for s in np.asarray(model_input, dtype=object).reshape(-1).tolist()]
+
+
+class SentenceEncoderModel(mlflow.pyfunc.PythonModel):
+    def load_context(self, context: Any) -> None:
+        from sentence_transformers import SentenceTransformer
+
+        self.model = SentenceTransformer(context.artifacts["encoder"])
+
+    # No type hints here on purpose: MLflow 3 reads them as an input schema and would coerce the DataFrame that
+    # `mlflow models serve` passes; the explicit signature logged with the model is the schema.
+    def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201
+        batch_size = int((params or {}).get("batch_size", 64))
+        sentences = _sentences(model_input)
+        return np.asarray(
+            self.model.encode(sentences, batch_size=batch_size, convert_to_numpy=True), dtype=np.float32
+        )
+
+
+mlflow.models.set_model(SentenceEncoderModel())

@@ -1,0 +1,234 @@
+"""One self-contained HTML page from metrics/ and plots/: reports/index.html (images embedded).
+
+    python -m stages.report [--output FILE]
+
+Sections appear for what exists: the STS table (metrics/sts.json), training curves (metrics/curves/*.csv),
+the collapse plot and every analysis that has been run (metrics/analysis/, plots/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import html
+import io
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from sentcl.evaluation import TASKS
+from stages.common import METRICS, PLOTS, REPORTS, ROOT
+
+ANALYSIS = METRICS / "analysis"
+STYLE = """
+body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;color:#222;line-height:1.45}
+h1{margin-bottom:.2em} h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+table{border-collapse:collapse;margin:.8em 0;font-size:.92em} th,td{border:1px solid #ccc;padding:.3em .6em;text-align:right}
+th:first-child,td:first-child{text-align:left} th{background:#f4f4f4} td.best{font-weight:bold;background:#eef7ee}
+.note{color:#555;font-size:.92em} img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+.missing{color:#a33}
+"""
+
+# Which analyses to show, and what each plot says.
+ANALYSES = [
+    (
+        "collapse",
+        "Cosine similarity by gold score (collapse)",
+        "Each box is the distribution of cosine similarities of STS-B test pairs whose human score falls in the "
+        "bucket. A collapsed space (ConSERT Figure 1) gives high cosines to every pair, so boxes overlap; a good "
+        "space rises with the gold score. Run: <code>make analysis-space</code>.",
+    ),
+    (
+        "align_uniform",
+        "Alignment and uniformity",
+        "Wang and Isola's measures on STS-B test: alignment is the mean squared distance of positive pairs "
+        "(gold &gt; 4), uniformity the log mean Gaussian potential over all sentences; lower is better for both.",
+    ),
+    (
+        "freq_tokens",
+        "Frequent-token removal",
+        "Spearman when the k most frequent tokens ([CLS]/[SEP] included) are left out of mean pooling. "
+        "Run: <code>make analysis-freq-tokens</code>.",
+    ),
+    (
+        "aug_grid",
+        "Augmentation pairs",
+        "STS-B test Spearman after a short unsupervised transfer with each pair "
+        "of views. Run: <code>make analysis-aug-grid</code>.",
+    ),
+    ("few_shot", "Few-shot transfer", "STS-B Spearman against the number of target texts used for transfer."),
+    ("temperature", "Temperature", "STS-B Spearman against the contrastive temperature."),
+    ("batch_size", "Batch size", "STS-B Spearman against the transfer batch size."),
+]
+
+
+def _img(path: Path) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(path.name)}" src="data:image/png;base64,{data}">'
+
+
+def _fig_html(fig) -> str:
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110)
+    return f'<img alt="figure" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
+
+
+def sts_table(sts: dict[str, Any], protocol: str) -> str:
+    columns = [*TASKS, "avg"]
+    best = {
+        c: max((row[protocol].get(c, float("-inf")) for row in sts.values()), default=None) for c in columns
+    }
+    head = "<tr><th>Checkpoint</th>" + "".join(f"<th>{'Avg.' if c == 'avg' else c}</th>" for c in columns)
+    head += "<th>STS-B dev</th></tr>"
+    rows = []
+    for name, row in sts.items():
+        cells = []
+        for c in columns:
+            value = row[protocol].get(c)
+            cls = ' class="best"' if value is not None and len(sts) > 1 and value == best[c] else ""
+            cells.append(f"<td{cls}>{value:.2f}</td>" if value is not None else "<td>-</td>")
+        dev = row.get("stsb_dev")
+        rows.append(
+            f"<tr><td>{html.escape(name)}</td>{''.join(cells)}<td>{dev:.2f}</td></tr>"
+            if dev is not None
+            else f"<tr><td>{html.escape(name)}</td>{''.join(cells)}<td>-</td></tr>"
+        )
+    return f"<table>{head}{''.join(rows)}</table>"
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def curves_section(curves_dir: Path) -> str:
+    files = sorted(curves_dir.glob("*.csv")) if curves_dir.is_dir() else []
+    if not files:
+        return '<p class="missing">No training curves yet (metrics/curves/*.csv come from the training stages).</p>'
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (loss_ax, dev_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for path in files:
+        rows = _read_csv(path)
+
+        def series(column: str, rows=rows) -> tuple[list[float], list[float]]:
+            points = [
+                (float(r["step"]), float(r[column])) for r in rows if r.get(column) not in (None, "", "nan")
+            ]
+            return [p[0] for p in points], [p[1] for p in points]
+
+        loss_ax.plot(*series("loss"), label=path.stem, linewidth=1.2)
+        dev_ax.plot(*series("stsb_dev"), marker="o", label=path.stem)
+    loss_ax.set(title="Training loss by step", xlabel="optimizer step (count)", ylabel="loss (nats)")
+    dev_ax.set(title="STS-B dev Spearman by step", xlabel="optimizer step (count)", ylabel="Spearman x 100")
+    for ax in (loss_ax, dev_ax):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    out = _fig_html(fig)
+    plt.close(fig)
+    return out
+
+
+def _csv_table(path: Path, limit: int = 60) -> str:
+    rows = _read_csv(path)
+    if not rows:
+        return ""
+    head = "".join(f"<th>{html.escape(k)}</th>" for k in rows[0])
+
+    def fmt(v: str) -> str:
+        try:
+            return f"{float(v):.2f}" if "." in v else v
+        except ValueError:
+            return html.escape(v)
+
+    body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in r.values()) + "</tr>" for r in rows[:limit])
+    more = (
+        f'<p class="note">{len(rows) - limit} more rows in {path.relative_to(ROOT)}</p>'
+        if len(rows) > limit
+        else ""
+    )
+    return f"<details><summary>Table ({path.relative_to(ROOT)})</summary><table><tr>{head}</tr>{body}</table>{more}</details>"
+
+
+def render(metrics: Path = METRICS, plots: Path = PLOTS) -> str:
+    analysis = metrics / "analysis"
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
+    parts = [
+        "<!doctype html><html><head><meta charset='utf-8'><title>sentcl report</title>",
+        f"<style>{STYLE}</style></head><body>",
+        "<h1>Contrastive sentence encoders: results</h1>",
+        f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from commit "
+        f"{html.escape(commit.strip() or '?')} (working tree). All scores are Spearman correlation x 100 between the "
+        "cosine similarity of the two sentence embeddings and the human similarity score.</p>",
+        "<h2>STS benchmark by checkpoint</h2>",
+    ]
+    sts_path = metrics / "sts.json"
+    if sts_path.exists():
+        sts = json.loads(sts_path.read_text())
+        pooling = next(iter(sts.values())).get("pooling", "?") if sts else "?"
+        parts += [
+            f"<p>Seven tasks as in ConSERT's Table 3 (pooling <code>{html.escape(pooling)}</code>). "
+            '<b>Protocol "all"</b>: the subsets of each STS12-16 task are concatenated and one Spearman is '
+            "computed (ConSERT, SimCSE and MTEB report this). The best value of each column is highlighted. "
+            "STS-B dev is the split used for checkpoint selection, never part of the average.</p>",
+            sts_table(sts, "all"),
+            '<p><b>Protocol "mean"</b>: the average of per-subset Spearman (SentEval\'s default); STS-B and '
+            "SICK-R have one subset, so they match the table above.</p>",
+            sts_table(sts, "mean"),
+            "<p class='note'>Checkpoints: <i>base</i> = the pretrained encoder as the pipeline starts it; "
+            "<i>nli</i> = supervised on NLI; <i>joint</i> = NLI + contrastive jointly; <i>transfer-*</i> = "
+            "each of those after unsupervised contrastive transfer on the STS sentences (ConSERT's unsup, "
+            "sup-unsup and joint-unsup).</p>",
+        ]
+    else:
+        parts.append(
+            '<p class="missing">metrics/sts.json is missing: run <code>make run</code> (the evaluate stage).</p>'
+        )
+    parts += [
+        "<h2>Training curves</h2>",
+        "<p>Left: the training loss of each stage. Right: STS-B dev Spearman at each evaluation; each stage "
+        "keeps its best evaluation (step 0 is the model it started from).</p>",
+        curves_section(metrics / "curves"),
+    ]
+    for stem, title, text in ANALYSES:
+        png, table = plots / f"{stem}.png", analysis / f"{stem}.csv"
+        if stem == "collapse" or png.exists():
+            parts.append(f"<h2>{html.escape(title)}</h2><p>{text}</p>")
+        if png.exists():
+            parts.append(_img(png))
+            if table.exists():
+                parts.append(_csv_table(table))
+        elif stem == "collapse":
+            parts.append('<p class="missing">Not run yet: <code>make analysis-space</code>.</p>')
+    summary = analysis / "freq_tokens.json"
+    if summary.exists():
+        s = json.loads(summary.read_text())
+        parts.append(
+            f"<p>Frequent tokens, {html.escape(Path(s['model']).name)}: avg {s['k0_avg']:.2f} with nothing "
+            f"removed, best {s['best_avg']:.2f} at k = {s['best_k']}.</p>"
+        )
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--output", type=Path, default=REPORTS / "index.html")
+    args = parser.parse_args(argv)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(render())
+    print(f"report: {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

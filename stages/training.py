@@ -1,0 +1,214 @@
+"""What the training stages share: their config, data, the run itself and its records.
+
+``run_stage`` builds a ``TrainConfig`` from params.yaml (``seed``, ``model.max_length``, the ``train`` section,
+then the stage's own section, then CLI overrides), trains, writes the model folder, the curves CSV and the
+metrics JSON, logs to the tracker and removes the resume state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from sentcl.encoder import Encoder
+from sentcl.losses import NLI_LABEL_IDS
+from sentcl.train import TrainConfig, Trainer, dist_info
+from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub
+from stages.tracking import log_stage, preflight
+
+log = logging.getLogger("stages.training")
+
+# Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
+STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
+INIT_NAMES = ("base", "nli", "joint")
+
+
+def setup_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+def init_distributed() -> None:
+    """Join the ``torchrun`` process group when there is one (NCCL on GPUs, gloo on CPUs)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        torch.distributed.init_process_group(backend)
+
+
+def load_pairs(processed: Path = PROCESSED) -> pd.DataFrame:
+    return pd.read_parquet(Path(processed) / "pairs.parquet")
+
+
+def load_nli(processed: Path = PROCESSED) -> pd.DataFrame:
+    return pd.read_parquet(Path(processed) / "nli.parquet")
+
+
+def stsb_dev(pairs: pd.DataFrame) -> list[tuple[str, str, float]]:
+    dev = pairs[(pairs.task == "STSb") & (pairs.split == "dev")]
+    return list(zip(dev.sentence1, dev.sentence2, dev.score.astype(float), strict=True))
+
+
+def sts_test_sentences(pairs: pd.DataFrame) -> list[str]:
+    """The unique sentences of STS12-16 and the STS-B and SICK-R test splits, sorted (a stable order)."""
+    test = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
+    return sorted(set(test.sentence1) | set(test.sentence2))
+
+
+def read_texts(path: Path) -> list[str]:
+    """Domain sentences: a text file (one a line) or a folder of ``*.txt`` files; blank lines and repeats dropped."""
+    path = Path(path)
+    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"no .txt files under {path}")
+    lines = (line.strip() for f in files for line in f.read_text(encoding="utf-8").splitlines())
+    return list(dict.fromkeys(line for line in lines if line))
+
+
+def limit_texts(texts: list[str], max_texts: int | str | None, seed: int) -> list[str]:
+    """Few-shot: a seeded sample of ``max_texts`` sentences (``all`` or None keeps every one)."""
+    if max_texts in (None, "all") or int(max_texts) >= len(texts):
+        return texts
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [texts[i] for i in sorted(order[: int(max_texts)])]
+
+
+def nli_pairs(nli: pd.DataFrame) -> list[tuple[str, str, int]]:
+    return [
+        (p, h, NLI_LABEL_IDS[lab]) for p, h, lab in zip(nli.premise, nli.hypothesis, nli.label, strict=True)
+    ]
+
+
+def nli_triplets(nli: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(premise, entailment hypothesis, contradiction hypothesis) for supervised SimCSE, matched in file order."""
+    triplets = []
+    for premise, group in nli.groupby("premise", sort=True):
+        entailed = group[group.label == "entailment"].hypothesis.tolist()
+        contradicted = group[group.label == "contradiction"].hypothesis.tolist()
+        triplets.extend((premise, e, c) for e, c in zip(entailed, contradicted, strict=False))
+    return triplets
+
+
+def resolve_init(init: str, models_dir: Path = MODELS) -> str:
+    """``base``/``nli``/``joint`` name the pipeline's own checkpoints; anything else is a model folder or id."""
+    if init in INIT_NAMES:
+        return str(Path(models_dir) / init)
+    return init
+
+
+def stage_config(
+    params: dict[str, Any], section: str, overrides: dict[str, Any] | None = None
+) -> TrainConfig:
+    values = {"seed": params["seed"], "max_length": params["model"]["max_length"]}
+    values.update(params.get("train", {}))
+    values.update(params.get(section, {}))
+    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    return TrainConfig.from_dict(values)
+
+
+def write_curves(rows: list[dict[str, Any]], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=["step", "loss", "lr", "stsb_dev"])
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in writer.fieldnames})
+
+
+def stage_parser(description: str) -> argparse.ArgumentParser:
+    """The options every training stage takes; the defaults are the pipeline's own paths."""
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--output", help="model folder (default: <models-dir>/<stage>)")
+    parser.add_argument("--models-dir", default=str(MODELS), help="where base, nli and joint are read from")
+    parser.add_argument(
+        "--processed", default=str(PROCESSED), help="folder with pairs.parquet and nli.parquet"
+    )
+    parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
+    parser.add_argument("--metrics-dir", default=str(METRICS), help="where curves/ and train/ records go")
+    parser.add_argument("--checkpoints-dir", default=str(CHECKPOINTS), help="where resume state lives")
+    parser.add_argument("--steps", type=int, help="override the section's steps")
+    return parser
+
+
+def run_stage(
+    stage: str,
+    config: TrainConfig,
+    init: str,
+    examples: list[Any],
+    dev_pairs: list[tuple[str, str, float]],
+    output: Path,
+    params: dict[str, Any],
+    inputs: list[Path],
+    metrics_dir: Path = METRICS,
+    checkpoints_dir: Path = CHECKPOINTS,
+) -> dict[str, Any]:
+    """Train ``init`` on ``examples``, write ``output`` and the stage's records; return its final metrics."""
+    offline_hub()
+    init_distributed()
+    rank, _ = dist_info()
+    if rank == 0:
+        preflight()  # an unreachable tracking server fails the stage now, not after the training
+    log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
+    encoder = Encoder.from_pretrained(init, max_length=config.max_length)
+    trainer = Trainer(encoder, config, examples, dev_pairs, Path(checkpoints_dir) / stage)
+    result = trainer.fit()
+    # Relative inside the repository: the metrics file is tracked in git and must not name one machine's paths.
+    label = Path(init).resolve()
+    label = str(label.relative_to(ROOT)) if label.is_relative_to(ROOT) else init
+    metrics = {**result.metrics(), "init": label, "examples": len(examples)}
+    if rank == 0:
+        tmp = output.with_name(output.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        encoder.cpu().save(tmp)
+        shutil.rmtree(output, ignore_errors=True)
+        tmp.rename(output)
+        curves = Path(metrics_dir) / "curves" / f"{stage}.csv"
+        write_curves(result.rows, curves)
+        metrics_path = Path(metrics_dir) / "train" / f"{stage}.json"
+        metrics_path.parent.mkdir(parents=True, exist_ok=True)
+        metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+        verdict = (
+            f"best at step {result.best_step}" if result.beat_init else "never beat its init: output = init"
+        )
+        log.info(
+            "%s: STS-B dev %.2f at step 0, %.2f selected (%s), %d steps, %.0f s",
+            stage,
+            result.init_score,
+            result.best_score,
+            verdict,
+            result.steps,
+            result.seconds,
+        )
+        numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        log_stage(
+            stage,
+            {"seed": params["seed"], "model": params["model"], **_config_params(config)},
+            numeric,
+            curves,
+            inputs,
+            # The weights stay in DVC's cache; the registry gets the exported model, not every stage's folder.
+        )
+        trainer.finish()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+    return metrics
+
+
+def _config_params(config: TrainConfig) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    values = asdict(config)
+    values["views"] = list(values["views"])
+    return {"train": values}

@@ -1,0 +1,115 @@
+"""infra/: nothing here can start a container or a cluster, so the files are checked statically."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from importlib import import_module
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+INFRA = ROOT / "infra"
+
+
+def load(name: str):
+    with open(INFRA / name) as f:
+        return yaml.safe_load(f)
+
+
+def test_prefect_yaml_is_valid_for_prefect_deploy():
+    from prefect.cli.deploy._models import PrefectYamlModel
+    from prefect.client.schemas.schedules import construct_schedule
+    from prefect.events.schemas.deployment_triggers import DeploymentEventTrigger
+
+    from flows.watch import EVENT
+
+    raw = load("prefect.yaml")
+    model = PrefectYamlModel.model_validate(raw)
+    names = {d.name for d in model.deployments}
+    assert {"retrain-local", "pipeline-local", "promote-local", "retrain-k8s", "pipeline-k8s"} <= names
+    for deployment in model.deployments:
+        module, _, attr = deployment.entrypoint.partition(":")
+        flow = getattr(import_module(module.removesuffix(".py").replace("/", ".")), attr)
+        assert hasattr(flow, "deploy"), f"{deployment.entrypoint} is not a Prefect flow"
+        assert set(deployment.parameters) <= set(flow.parameters.properties)
+        for schedule in deployment.schedules or []:
+            construct_schedule(cron=schedule.cron, timezone=schedule.timezone)
+        for trigger in deployment.triggers or []:
+            parsed = DeploymentEventTrigger.model_validate({k: v for k, v in trigger.items() if k != "type"})
+            assert EVENT in parsed.expect
+            assert "{{ event." in str(parsed.parameters)
+    retrain_local = next(d for d in model.deployments if d.name == "retrain-local")
+    assert retrain_local.work_pool.job_variables["env"]["CUDA_VISIBLE_DEVICES"] != ""
+    assert retrain_local.schedules and retrain_local.triggers
+    retrain_k8s = next(d for d in model.deployments if d.name == "retrain-k8s")
+    assert retrain_k8s.work_pool.name == "sentcl-gpu-k8s" and retrain_k8s.work_pool.job_variables["gpus"] >= 1
+
+
+def test_kubernetes_job_template_requests_a_gpu():
+    template = json.loads((INFRA / "k8s" / "base-job-template.json").read_text())
+    assert set(template) == {"job_configuration", "variables"}
+    manifest = template["job_configuration"]["job_manifest"]
+    assert manifest["kind"] == "Job" and manifest["apiVersion"] == "batch/v1"
+    container = manifest["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "{{ gpus }}"
+    variables = template["variables"]["properties"]
+    assert variables["gpus"]["default"] >= 1
+    # Every {{ placeholder }} of the job configuration is a declared variable (what the worker fills in).
+    import re
+
+    placeholders = set(re.findall(r"{{\s*(\w+)\s*}}", json.dumps(template["job_configuration"])))
+    assert placeholders <= set(variables), placeholders - set(variables)
+
+
+def test_compose_stack_has_postgres_prefect_mlflow_s3_and_a_gpu_worker():
+    compose = load("docker-compose.yml")
+    services = compose["services"]
+    assert {"postgres", "prefect-server", "mlflow", "minio", "gpu-worker"} <= set(services)
+    mlflow_cmd = services["mlflow"]["command"]
+    assert "postgresql://" in mlflow_cmd and "s3://" in mlflow_cmd
+    assert (
+        "postgresql+asyncpg://"
+        in services["prefect-server"]["environment"]["PREFECT_API_DATABASE_CONNECTION_URL"]
+    )
+    assert services["gpu-worker"]["build"]["dockerfile"] == "infra/Dockerfile"
+    devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    for name, service in services.items():  # published ports stay on loopback
+        for port in service.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+    dockerfile = (INFRA / "Dockerfile").read_text()
+    assert "AS worker" in dockerfile and "AS mlflow" in dockerfile
+
+
+@pytest.mark.skipif(
+    shutil.which("docker") is None
+    or subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0,
+    reason="docker compose plugin not installed",
+)
+def test_docker_compose_config_accepts_the_file():
+    out = subprocess.run(
+        ["docker", "compose", "-f", str(INFRA / "docker-compose.yml"), "config", "--quiet"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode == 0, out.stderr
+
+
+def test_dvc_remotes_local_default_and_shared_s3():
+    from configobj import ConfigObj  # the parser DVC itself uses for .dvc/config
+
+    config = ConfigObj(str(ROOT / ".dvc" / "config"))
+    assert config["core"]["remote"] == "local"
+    assert config['remote "local"']["url"]
+    assert config['remote "shared"']["url"].startswith("s3://")
+
+
+def test_serve_and_stop_scripts_bind_loopback_only():
+    serve = (INFRA / "serve.sh").read_text()
+    assert "0.0.0.0" not in serve
+    assert serve.count("--host 127.0.0.1") == 2
+    assert "kill" in (INFRA / "stop.sh").read_text() and ".pid" in (INFRA / "stop.sh").read_text()

@@ -1,0 +1,220 @@
+"""The training loop and the three stages on a tiny model: determinism, accumulation, selection, records."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from sentcl.encoder import Encoder
+from sentcl.train import TrainConfig, Trainer
+from stages.training import nli_triplets
+from tests.tiny import make_tiny_encoder, tiny_sentences, write_tiny_processed
+
+TEXTS = tiny_sentences(64, seed=1)
+DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 5)) for i in range(0, 40, 2)]
+NLI = [(TEXTS[i], TEXTS[(i * 7 + 3) % 64], i % 3) for i in range(48)]
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def still_model(tmp_path_factory):
+    """Without dropout: the only randomness left is the views'."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("still"), dropout=0.0)
+
+
+def fit(model_dir, examples=TEXTS, **config) -> tuple[Encoder, object]:
+    encoder = Encoder.from_pretrained(str(model_dir))
+    values = {"steps": 4, "batch_size": 8, "eval_steps": 2, "lr": 1e-3, "device": "cpu", **config}
+    result = Trainer(encoder, TrainConfig(**values), examples, DEV, progress=False).fit()
+    return encoder, result
+
+
+def train_steps(model_dir, n: int, examples=TEXTS, **config) -> dict[str, torch.Tensor]:
+    """The weights after ``n`` optimizer steps, without checkpoint selection."""
+    encoder = Encoder.from_pretrained(str(model_dir))
+    values = {"steps": n, "batch_size": 8, "lr": 1e-3, "device": "cpu", "warmup_ratio": 0, **config}
+    trainer = Trainer(encoder, TrainConfig(**values), examples, DEV, progress=False)
+    for step in range(n):
+        trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
+    return weights(encoder)
+
+
+def weights(encoder: Encoder) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in encoder.model.state_dict().items()}
+
+
+def assert_same_weights(a: dict, b: dict, atol: float = 0.0) -> None:
+    for key in a:
+        torch.testing.assert_close(a[key], b[key], atol=atol, rtol=0, msg=key)
+
+
+def test_same_seed_same_weights(tiny_model):
+    a = train_steps(tiny_model, 3, views=("shuffle", "token_cutoff"))
+    b = train_steps(tiny_model, 3, views=("shuffle", "token_cutoff"))
+    c = train_steps(tiny_model, 3, views=("shuffle", "token_cutoff"), seed=7)
+    assert_same_weights(a, b)
+    assert any(not torch.equal(v, c[k]) for k, v in a.items())
+
+
+@pytest.mark.parametrize(
+    "mode,examples,views",
+    [("transfer", TEXTS, ("none", "none")), ("joint", NLI, ("none", "none")), ("nli", NLI, ("none", "none"))],
+)
+def test_grad_accumulation_equals_one_large_batch(still_model, mode, examples, views):
+    whole = train_steps(still_model, 3, examples, mode=mode, views=views)
+    accumulated = train_steps(still_model, 3, examples, mode=mode, views=views, grad_accum=4)
+    assert_same_weights(whole, accumulated, atol=1e-5)
+    init = weights(Encoder.from_pretrained(str(still_model)))
+    assert any(not torch.allclose(v, init[k]) for k, v in whole.items())
+
+
+def test_a_run_that_never_beats_its_init_returns_the_init(tiny_model):
+    encoder, result = fit(tiny_model, lr=0.0)
+    assert not result.beat_init and result.best_step == 0 and result.metrics()["beat_init"] is False
+    assert result.best_score == result.init_score
+    assert_same_weights(weights(encoder), weights(Encoder.from_pretrained(str(tiny_model))))
+
+
+def test_selection_keeps_the_best_evaluation_and_stops_early(tiny_model):
+    encoder, result = fit(tiny_model, steps=40, eval_steps=2, patience=2, lr=5e-3)
+    scores = [r["stsb_dev"] for r in result.rows if r["stsb_dev"] is not None]
+    assert result.best_score == max(scores) and result.rows[0]["step"] == 0
+    if result.stopped_early:
+        assert result.steps < 40 and scores[-2:] <= [result.best_score] * 2
+    from sentcl.sts import STSEvaluator
+
+    rescored = STSEvaluator(DEV)(lambda s: encoder.encode(s, pooling="last-avg"))
+    assert rescored == pytest.approx(result.best_score, abs=1e-4)  # the encoder holds the selected weights
+
+
+def test_non_finite_loss_names_the_step(tiny_model):
+    with pytest.raises(FloatingPointError, match="step 1"):
+        fit(tiny_model, temperature=0.0)
+
+
+def test_every_objective_and_view_trains(tiny_model):
+    fit(tiny_model, NLI, mode="joint", views=("adversarial", "span_cutoff"), steps=2, grad_accum=2)
+    fit(tiny_model, mode="transfer", views=("word_repetition", "dropout"), steps=2, queue_size=16)
+    fit(tiny_model, mode="transfer", preset="simcse", steps=2)
+    triplets = [(a, b, c) for (a, b, _), (_, c, _) in zip(NLI[::2], NLI[1::2], strict=True)]
+    fit(tiny_model, triplets, mode="nli", objective="sup_simcse", steps=2)
+    with pytest.raises(ValueError, match="joint mode only"):
+        TrainConfig(mode="transfer", views=("adversarial", "none"))
+
+
+def test_simcse_preset_sets_dropout_views_and_temperature():
+    config = TrainConfig(preset="simcse", views=("shuffle", "token_cutoff"))
+    assert config.views == ("none", "none") and config.temperature == 0.05 and config.encoder_dropout
+    assert not TrainConfig(views=("shuffle", "feature_cutoff")).encoder_dropout
+
+
+def test_nli_triplets_pair_entailment_with_contradiction():
+    import pandas as pd
+
+    frame = pd.DataFrame(
+        {
+            "premise": ["p", "p", "p", "q", "q"],
+            "hypothesis": ["e", "n", "c", "e2", "n2"],
+            "label": ["entailment", "neutral", "contradiction", "entailment", "neutral"],
+        }
+    )
+    assert nli_triplets(frame) == [("p", "e", "c")]
+
+
+def test_checkpoint_loads_with_sentence_transformers_and_automodel(tiny_model, tmp_path):
+    from sentence_transformers import SentenceTransformer
+    from transformers import AutoModel, AutoTokenizer
+
+    encoder, _ = fit(tiny_model, steps=2)
+    encoder.save(tmp_path / "out")
+    ours = encoder.encode(TEXTS[:10], pooling="last-avg")
+    st = SentenceTransformer(str(tmp_path / "out"), device="cpu").encode(TEXTS[:10])
+    np.testing.assert_allclose(st, ours, atol=1e-5)
+    model, tokenizer = (
+        AutoModel.from_pretrained(tmp_path / "out"),
+        AutoTokenizer.from_pretrained(tmp_path / "out"),
+    )
+    batch = tokenizer(TEXTS[:10], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        hidden = model(**batch).last_hidden_state
+    mask = batch["attention_mask"].unsqueeze(-1)
+    np.testing.assert_allclose((hidden * mask).sum(1) / mask.sum(1), ours, atol=1e-5)
+
+
+def test_the_three_stages_end_to_end(tmp_path):
+    from stages import base, joint, pretrain_nli, transfer
+
+    model = make_tiny_encoder(tmp_path / "hub")
+    processed = write_tiny_processed(tmp_path / "processed")
+    params = {
+        "seed": 1,
+        "model": {"name": str(model), "max_length": 32},
+        "train": {"eval_steps": 2, "patience": 3, "device": "cpu"},
+        "pretrain_nli": {"steps": 4, "batch_size": 8, "lr": 1e-3},
+        "joint": {"steps": 4, "batch_size": 8, "lr": 1e-3, "views": ["adversarial", "token_cutoff"]},
+        "transfer": {
+            "steps": 4,
+            "batch_size": 16,
+            "lr": 1e-3,
+            "views": ["shuffle", "feature_cutoff"],
+            "max_texts": 40,
+        },
+    }
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    models, metrics, checkpoints = tmp_path / "models", tmp_path / "metrics", tmp_path / "checkpoints"
+    common = ["--params", str(tmp_path / "params.yaml"), "--processed", str(processed)]
+    common += [
+        "--models-dir",
+        str(models),
+        "--metrics-dir",
+        str(metrics),
+        "--checkpoints-dir",
+        str(checkpoints),
+    ]
+    base.main(["--params", str(tmp_path / "params.yaml"), "--output", str(models / "base")])
+    pretrain_nli.main(common)
+    joint.main(common)
+    for init in ("base", "nli", "joint"):
+        transfer.main([*common, "--init", init])
+    domain = tmp_path / "domain.txt"
+    domain.write_text("\n".join(tiny_sentences(30, seed=5)))
+    transfer.main(
+        [*common, "--init", str(models / "nli"), "--texts", str(domain), "--output", str(tmp_path / "custom")]
+    )
+
+    for name in ("nli", "joint", "transfer-base", "transfer-nli", "transfer-joint"):
+        assert Encoder.from_pretrained(str(models / name)).encode(["a man"]).shape == (1, 32)
+        record = json.loads((metrics / "train" / f"{name}.json").read_text())
+        assert {"stsb_dev_step0", "stsb_dev_best", "best_step", "beat_init", "steps", "seconds"} <= set(
+            record
+        )
+        rows = list(csv.DictReader(open(metrics / "curves" / f"{name}.csv")))
+        assert rows[0]["step"] == "0" and rows[0]["stsb_dev"] != ""
+        assert [r["step"] for r in rows if r["stsb_dev"]] == ["0", "2", "4"][
+            : len([r for r in rows if r["stsb_dev"]])
+        ]
+    assert json.loads((metrics / "train" / "transfer-base.json").read_text())["examples"] == 40
+    assert json.loads((metrics / "train" / "transfer-custom.json").read_text())["examples"] == 30
+    assert (tmp_path / "custom" / "modules.json").is_file()
+    assert not checkpoints.exists() or not any(checkpoints.iterdir())  # resume state removed on completion
+
+
+def test_paper_profile_overrides_existing_params_only():
+    from stages.common import ROOT
+    from stages.profile import flatten, set_flags
+
+    params = flatten(yaml.safe_load((ROOT / "params.yaml").read_text()))
+    profile = flatten(yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text()))
+    assert set(profile) <= set(params), set(profile) - set(params)  # a typo would add a dead key
+    flags = set_flags(ROOT / "profiles" / "paper.yaml")
+    assert "-S=transfer.lr=5e-07" in flags and '-S=transfer.views=["shuffle","feature_cutoff"]' in flags
+    assert profile["transfer.batch_size"] == 96 and profile["joint.lr"] == 2e-5
