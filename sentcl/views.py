@@ -69,35 +69,40 @@ def shuffle_positions(attention_mask: torch.Tensor, generator: torch.Generator |
     return positions.to(attention_mask.device)
 
 
-def token_cutoff_mask(
-    attention_mask: torch.Tensor, ratio: float, generator: torch.Generator | None = None
+def _cutoff_mask(
+    attention_mask: torch.Tensor,
+    ratio: float,
+    choose: Callable[[int, int], torch.Tensor],
 ) -> torch.Tensor:
-    """Boolean [batch, length]: ``max(1, int(n * ratio))`` real tokens per sentence chosen to be zeroed."""
+    """Boolean [batch, length]: for each sentence, ``choose(n, k)`` picks k = max(1, int(n * ratio)) of its
+    n real tokens (as indices into them) to be zeroed."""
     cut = torch.zeros(attention_mask.shape, dtype=torch.bool)
     mask = attention_mask.cpu().bool()
     for row in range(mask.shape[0]):
         real = mask[row].nonzero().squeeze(1)
         if len(real) == 0:
             continue
-        k = max(1, int(len(real) * ratio))
-        cut[row, real[torch.randperm(len(real), generator=generator)[:k]]] = True
+        cut[row, real[choose(len(real), max(1, int(len(real) * ratio)))]] = True
     return cut.to(attention_mask.device)
+
+
+def token_cutoff_mask(
+    attention_mask: torch.Tensor, ratio: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Boolean [batch, length]: ``max(1, int(n * ratio))`` real tokens per sentence chosen to be zeroed."""
+    return _cutoff_mask(attention_mask, ratio, lambda n, k: torch.randperm(n, generator=generator)[:k])
 
 
 def span_cutoff_mask(
     attention_mask: torch.Tensor, ratio: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
     """Boolean [batch, length]: one contiguous span of ``max(1, int(n * ratio))`` real tokens per sentence."""
-    cut = torch.zeros(attention_mask.shape, dtype=torch.bool)
-    mask = attention_mask.cpu().bool()
-    for row in range(mask.shape[0]):
-        real = mask[row].nonzero().squeeze(1)
-        if len(real) == 0:
-            continue
-        k = max(1, int(len(real) * ratio))
-        start = int(torch.randint(0, len(real) - k + 1, (1,), generator=generator))
-        cut[row, real[start : start + k]] = True
-    return cut.to(attention_mask.device)
+
+    def span(n: int, k: int) -> torch.Tensor:
+        start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
+        return torch.arange(start, start + k)
+
+    return _cutoff_mask(attention_mask, ratio, span)
 
 
 def feature_cutoff_mask(
