@@ -58,6 +58,7 @@ def evaluate_model(
         max_length=encoder.max_length,
         unique_sentences=len(benchmark.sentences),
     )
+    result.setdefault("stsb_dev", None)  # a benchmark loaded without dev
     return order_result(result)
 
 
@@ -78,7 +79,9 @@ def weights_digest(folder: Path) -> str:
 def _summary(name: str, result: dict[str, Any]) -> str:
     row = result["all"]
     tasks = " ".join(f"{k} {v:.2f}" for k, v in row.items())
-    return f"{name}: {tasks} | STS-B dev {result['stsb_dev']:.2f} ({result['seconds']:.0f} s, {result['backend']})"
+    dev = result.get("stsb_dev")
+    dev_text = f"STS-B dev {dev:.2f}" if dev is not None else "no STS-B dev"
+    return f"{name}: {tasks} | {dev_text} ({result['seconds']:.0f} s, {result['backend']})"
 
 
 def _parse_models(values: list[str]) -> tuple[dict[str, str], bool]:
@@ -155,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pooling", choices=POOLINGS, help="default last-avg (params evaluate.pooling)")
     parser.add_argument("--backend", choices=BACKENDS, help="onnx (default) or torch; same numbers")
     parser.add_argument("--max-length", type=int, help="truncation; default the model's own max_seq_length")
+    parser.add_argument(
+        "--no-dev", action="store_true", help="skip STS-B dev (stsb_dev: null): the seven test tasks only"
+    )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -170,8 +176,8 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = DEFAULTS | (params.get("evaluate") or {})
     models, as_mapping = _parse_models(args.model)
-    benchmark = load_benchmark(args.data)
-    results = {}
+    benchmark = load_benchmark(args.data, with_dev=not args.no_dev)
+    results: dict[str, Any] = {}
     for name, folder in models.items():
         if not Path(resolve_model_path(folder)).exists() and not Path(folder).exists():
             log.warning("evaluate: %s is not a local folder; trying it as a Hugging Face id", folder)
