@@ -47,6 +47,8 @@ def run_stage(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path =
     full_env = {**os.environ, **(env or {})}
     # The venv's bin first, so `dvc` and the `python` of dvc.yaml commands are this environment's.
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
+    # Every progress-bar refresh becomes a line of the flow's log: one every 30 s is enough there.
+    full_env.setdefault("TQDM_MININTERVAL", "30")
     process = subprocess.Popen(
         list(cmd), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

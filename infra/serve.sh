@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 VENV="${VENV:-.venv}"
-BIN="$ROOT/$VENV/bin"
-RUN="$ROOT/.run"
+[[ "$VENV" == /* ]] || VENV="$ROOT/$VENV"
+BIN="$VENV/bin"
+RUN="${SENTCL_RUN_DIR:-$ROOT/.run}"       # a test points this (and the ports, stores) elsewhere
 PREFECT_PORT="${PREFECT_PORT:-4200}"
 MLFLOW_PORT="${MLFLOW_PORT:-5000}"
 POOL="${SENTCL_POOL:-sentcl-gpu-local}"
@@ -27,14 +28,14 @@ start() {  # name, command...: own session (so stop can end its children too), p
   if running "$name"; then echo "serve: $name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
   setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
   echo $! >"$RUN/$name.pid"
-  echo "serve: $name started (pid $!, log .run/$name.log)"
+  echo "serve: $name started (pid $!, log $RUN/$name.log)"
 }
 
 wait_http() {  # name, url, seconds
   local deadline=$((SECONDS + $3))
   until python3 -c "import urllib.request,sys; urllib.request.urlopen(sys.argv[1], timeout=2)" "$2" 2>/dev/null; do
-    if (( SECONDS > deadline )); then echo "serve: $1 did not answer on $2; see .run/$1.log" >&2; exit 1; fi
-    if ! running "$1"; then echo "serve: $1 exited; see .run/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1; fi
+    if (( SECONDS > deadline )); then echo "serve: $1 did not answer on $2; see $RUN/$1.log" >&2; exit 1; fi
+    if ! running "$1"; then echo "serve: $1 exited; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1; fi
     sleep 1
   done
   echo "serve: $1 answers on $2"
@@ -58,7 +59,7 @@ fi
 "$BIN/prefect" --no-prompt global-concurrency-limit create sentcl-promotion --limit 1 >/dev/null 2>&1 || true
 "$BIN/prefect" --no-prompt deploy --prefect-file infra/prefect.yaml \
   -n retrain-local -n pipeline-local -n promote-local >"$RUN/deploy.log" 2>&1 \
-  || { echo "serve: prefect deploy failed; see .run/deploy.log" >&2; tail -30 "$RUN/deploy.log" >&2; exit 1; }
+  || { echo "serve: prefect deploy failed; see $RUN/deploy.log" >&2; tail -30 "$RUN/deploy.log" >&2; exit 1; }
 echo "serve: deployments retrain-local, pipeline-local, promote-local registered (pool $POOL)"
 
 start worker "$BIN/prefect" worker start --pool "$POOL" --type process

@@ -3,7 +3,7 @@
 # so a server's child processes go with it): TERM, up to 20 s, then KILL.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-RUN="$(pwd)/.run"
+RUN="${SENTCL_RUN_DIR:-$(pwd)/.run}"
 shopt -s nullglob
 stopped=0
 for name in watcher worker mlflow-ui prefect-server; do

@@ -1,5 +1,7 @@
 """Fast sentence embedding for evaluation: tokenize once, sort globally by token length, batch by a token budget,
-run the transformer in ONNX Runtime (or torch inference mode), pool inside the graph.
+run the transformer in ONNX Runtime (or torch inference mode), pool inside the graph. With ONNX Runtime and
+several cores, batches go to worker processes of one thread each: on 2 cores, two 1-thread sessions encode
+~18% faster than one 2-thread session (small matrices scale badly across threads within one matmul).
 
 Every trick here is exact up to float32 rounding (checked against torch at load time, and by the tests):
 length-sorted batches only change how much padding each row sees, and padding is masked out of both the
@@ -30,6 +32,8 @@ DEFAULT_MAX_TOKENS = 512
 DEFAULT_MAX_BATCH = 64
 # Largest |difference| between the ONNX and torch vectors accepted at load time; float32 noise is ~1e-6.
 EXPORT_TOLERANCE = 1e-4
+# Each worker holds its own copy of the model; beyond a few, memory grows faster than throughput.
+MAX_WORKERS = 4
 
 
 def cpu_threads() -> int:
@@ -38,6 +42,35 @@ def cpu_threads() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not on Linux
         return max(1, os.cpu_count() or 1)
+
+
+def default_workers(threads: int) -> int:
+    return max(1, min(threads, MAX_WORKERS))
+
+
+def _ort_session(path: str, threads: int, spin: bool):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Spinning idle threads steal time from other jobs (and from sibling workers) on a shared machine.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "1" if spin else "0")
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+_worker_session = None
+
+
+def _worker_start(path: str, threads: int) -> None:
+    global _worker_session
+    _worker_session = _ort_session(path, threads, spin=True)
+
+
+def _worker_run(batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    rows, input_ids, mask = batch
+    return rows, _worker_session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
 
 
 def transformer_folder(path: str | Path) -> Path:
@@ -94,7 +127,8 @@ class FastEncoder:
     """``encoder(sentences) -> float32 array [n, dim]`` in the input order.
 
     ``backend="onnx"`` exports the model once (a few seconds) and falls back to torch, with a warning, when
-    the export fails or disagrees with torch.
+    the export fails or disagrees with torch. ``workers`` (ONNX only; default: one per core, at most
+    ``MAX_WORKERS``) processes share ``threads`` cores between them.
     """
 
     def __init__(
@@ -106,6 +140,7 @@ class FastEncoder:
         max_tokens: int = DEFAULT_MAX_TOKENS,
         max_batch: int = DEFAULT_MAX_BATCH,
         threads: int | None = None,
+        workers: int | None = None,
         progress: bool = False,
     ) -> None:
         from transformers import AutoModel, AutoTokenizer
@@ -124,6 +159,7 @@ class FastEncoder:
         )
         self.max_length = max_length or model_max_length(self.model_path)
         self.threads = threads or cpu_threads()
+        self.workers = workers or default_workers(self.threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         torch.set_num_threads(self.threads)
         self.torch_model = _Pooled(AutoModel.from_pretrained(folder).eval(), pooling).eval()
@@ -177,8 +213,6 @@ class FastEncoder:
 
     def _start_onnx(self) -> None:
         try:
-            import onnxruntime as ort
-
             self._workdir = tempfile.TemporaryDirectory(prefix="sentcl-onnx-")
             onnx_path = Path(self._workdir.name) / "model.onnx"
             example = (torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
@@ -199,13 +233,8 @@ class FastEncoder:
                     opset_version=17,
                     dynamo=False,
                 )
-            options = ort.SessionOptions()
-            options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-            options.intra_op_num_threads = self.threads
-            options.inter_op_num_threads = 1
-            # Other jobs share these cores: spinning idle threads steal time from them and from us.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-            self.session = ort.InferenceSession(str(onnx_path), options, providers=["CPUExecutionProvider"])
+            self.onnx_path = str(onnx_path)
+            self.session = _ort_session(self.onnx_path, self.threads, spin=False)
             self._check_onnx()
             self.backend = "onnx"
         except Exception as error:  # any model the exporter cannot handle still gets evaluated, slower
@@ -225,17 +254,35 @@ class FastEncoder:
 
     def __call__(self, sentences: Sequence[str]) -> np.ndarray:
         vectors = np.zeros((len(sentences), self.dim), dtype=np.float32)
-        run = self._run_onnx if self.session is not None else self._run_torch
-        batches = self.batches(sentences)
         bar = None
         if self.progress:
             from tqdm.auto import tqdm
 
             bar = tqdm(total=len(sentences), desc=f"encode ({self.backend})", unit="sent", leave=False)
-        for rows, input_ids, mask in batches:
-            vectors[rows] = run(input_ids, mask)
+        for rows, batch_vectors in self._encoded_batches(sentences):
+            vectors[rows] = batch_vectors
             if bar is not None:
                 bar.update(len(rows))
         if bar is not None:
             bar.close()
         return vectors
+
+    def _encoded_batches(self, sentences: Sequence[str]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        self.processes_used = 1
+        if self.session is None:
+            for rows, input_ids, mask in self.batches(sentences):
+                yield rows, self._run_torch(input_ids, mask)
+            return
+        import multiprocessing
+
+        forkable = "fork" in multiprocessing.get_all_start_methods()
+        if self.workers <= 1 or len(sentences) < 1000 or not forkable:  # a pool costs ~1 s to start
+            for rows, input_ids, mask in self.batches(sentences):
+                yield rows, self._run_onnx(input_ids, mask)
+            return
+        # fork: workers need only numpy and onnxruntime, already imported here; they never touch torch.
+        context = multiprocessing.get_context("fork")
+        per_worker = max(1, self.threads // self.workers)
+        self.processes_used = self.workers
+        with context.Pool(self.workers, _worker_start, (self.onnx_path, per_worker)) as pool:
+            yield from pool.imap_unordered(_worker_run, self.batches(sentences), chunksize=4)

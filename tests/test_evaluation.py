@@ -205,6 +205,20 @@ def test_dedup_length_batching_and_backend_change_no_number(tiny_model, mini_dat
     assert got["stsb_dev"] == pytest.approx(expected["stsb_dev"], abs=1e-3)
 
 
+def test_worker_processes_give_the_vectors_of_one_process_in_input_order(tiny_model):
+    words = ["a", "man", "is", "playing", "guitar", "the", "dog", "runs", "in", "snow", "red", "car"]
+    rng = np.random.default_rng(0)
+    # Enough sentences for the pool (1000+), of many lengths so that batches finish out of order.
+    sentences = [" ".join(rng.choice(words, size=int(rng.integers(1, 30)))) for _ in range(1500)]
+    one = FastEncoder(tiny_model, backend="onnx", workers=1, max_tokens=64)
+    two = FastEncoder(tiny_model, backend="onnx", workers=2, threads=2, max_tokens=64)
+    assert one.backend == two.backend == "onnx"
+    np.testing.assert_allclose(two(sentences), one(sentences), atol=1e-5)
+    assert (one.processes_used, two.processes_used) == (1, 2)
+    torch_vectors = FastEncoder(tiny_model, backend="torch", max_tokens=64)(sentences)
+    np.testing.assert_allclose(two(sentences), torch_vectors, atol=1e-4)
+
+
 def test_token_budget_batches_are_length_sorted_and_within_budget(tiny_model):
     fast = FastEncoder(tiny_model, backend="torch", max_tokens=40, max_batch=4)
     sentences = ["a man", "a " * 20, "dog", "a woman is eating food", "cat cat", "red"] * 3
@@ -263,6 +277,14 @@ def test_standalone_command_on_a_tiny_model(tiny_model, mini_data, tmp_path, cap
     many = json.loads(mapping.read_text())
     assert list(many) == ["tiny"] and many["tiny"]["pooling"] == "cls"
     assert many["tiny"]["all"]["STS12"] != result["all"]["STS12"]
+
+    # --no-dev (what bench-eval times): the seven tasks alone, the same numbers, stsb_dev null.
+    no_dev = tmp_path / "no-dev.json"
+    argv = ["--model", str(tiny_model), "--data", str(root), "--output", str(no_dev), "--no-dev"]
+    assert main([*argv, "--no-progress"]) == 0
+    seven = json.loads(no_dev.read_text())
+    assert seven["stsb_dev"] is None
+    assert seven["all"] == result["all"] and seven["subsets"] == result["subsets"]
 
 
 def test_standalone_command_refuses_a_folder_not_in_senteval_layout(tiny_model, tmp_path):

@@ -113,3 +113,73 @@ def test_serve_and_stop_scripts_bind_loopback_only():
     assert "0.0.0.0" not in serve
     assert serve.count("--host 127.0.0.1") == 2
     assert "kill" in (INFRA / "stop.sh").read_text() and ".pid" in (INFRA / "stop.sh").read_text()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=3) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_path):
+    import os
+    import sys
+    import urllib.request
+
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    env = dict(
+        os.environ,
+        VENV=str(Path(sys.executable).parent.parent),
+        SENTCL_RUN_DIR=str(tmp_path / "run"),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_PORT=str(prefect_port),
+        MLFLOW_PORT=str(mlflow_port),
+        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_INBOX=str(tmp_path / "inbox"),
+    )
+    env.pop("PREFECT_API_URL", None)
+    pids: dict[str, int] = {}
+    try:
+        serve = subprocess.run(
+            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+        )
+        assert serve.returncode == 0, serve.stdout + serve.stderr
+        assert "serve: ready" in serve.stdout
+        pids = {p.stem: int(p.read_text()) for p in (tmp_path / "run").glob("*.pid")}
+        assert set(pids) == {"prefect-server", "mlflow-ui", "worker", "watcher"}
+        assert _answers(f"http://127.0.0.1:{prefect_port}/api/health")
+        assert _answers(f"http://127.0.0.1:{mlflow_port}/health")
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{prefect_port}/api/deployments/filter",
+            data=b"{}",
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            deployments = {d["name"]: d for d in json.load(response)}
+        assert {"retrain-local", "pipeline-local", "promote-local"} <= set(deployments)
+        assert deployments["retrain-local"]["schedules"], "the retrain deployment has its cron schedule"
+    finally:
+        stop = subprocess.run(
+            ["bash", "infra/stop.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        )
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    for name, pid in pids.items():
+        assert f"stop: {name} (pid {pid})" in stop.stdout
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not _answers(f"http://127.0.0.1:{prefect_port}/api/health")
+    assert not _answers(f"http://127.0.0.1:{mlflow_port}/health")
+    assert not list((tmp_path / "run").glob("*.pid"))
