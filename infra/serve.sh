@@ -64,6 +64,14 @@ echo "serve: deployments retrain-local, pipeline-local, promote-local registered
 
 start worker "$BIN/prefect" worker start --pool "$POOL" --type process
 start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
+# A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
+deadline=$((SECONDS + 120))
+until grep -q "^watch: watching" "$RUN/watcher.log" 2>/dev/null; do
+  if (( SECONDS > deadline )) || ! running watcher; then
+    echo "serve: the inbox watcher did not start; see $RUN/watcher.log" >&2; tail -20 "$RUN/watcher.log" >&2; exit 1
+  fi
+  sleep 1
+done
 
 cat <<MSG
 serve: ready

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # `make stop`: end what `make serve` started, by the PIDs it recorded in .run/ (each process's own session,
-# so a server's child processes go with it): TERM, up to 20 s, then KILL.
+# so a server's child processes go with it): TERM, up to 20 s (the worker: a second signal, 5 s more), then KILL.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 RUN="${SENTCL_RUN_DIR:-$(pwd)/.run}"
 shopt -s nullglob
 stopped=0
+wait_exit() {  # pid, half-seconds
+  for _ in $(seq 1 "$2"); do kill -0 "$1" 2>/dev/null || break; sleep 0.5; done
+}
 for name in watcher worker mlflow-ui prefect-server; do
   pidfile="$RUN/$name.pid"
   [[ -f "$pidfile" ]] || continue
@@ -13,16 +16,22 @@ for name in watcher worker mlflow-ui prefect-server; do
   if kill -0 "$pid" 2>/dev/null; then
     # The leader first: Prefect's CLI forwards the signal to its own children and waits for them; signalling
     # the whole group at once makes them receive it twice.
+    # Prefect's worker takes TERM or INT as "stop polling, then exit"; after it has run a flow, Prefect 3.9's
+    # worker can stay in its event loop. A second signal is Prefect's own "force" path (it then kills itself).
     kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 40); do
-      kill -0 "$pid" 2>/dev/null || break
-      sleep 0.5
-    done
+    wait_exit "$pid" 40
+    if [[ "$name" == worker ]] && kill -0 "$pid" 2>/dev/null; then
+      kill -INT "$pid" 2>/dev/null
+      wait_exit "$pid" 10
+      forced=" on a second signal"
+    else
+      forced=""
+    fi
     if kill -0 "$pid" 2>/dev/null; then
       kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
-      echo "stop: $name (pid $pid) killed after 20 s"
+      echo "stop: $name (pid $pid) killed: it did not exit on TERM"
     else
-      echo "stop: $name (pid $pid) stopped"
+      echo "stop: $name (pid $pid) stopped$forced"
     fi
     # Whatever is left of its session (a uvicorn worker whose parent already exited).
     kill -TERM -- "-$pid" 2>/dev/null && sleep 1 && kill -KILL -- "-$pid" 2>/dev/null

@@ -133,6 +133,26 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
+    import time
+    import urllib.request
+
+    body = {"flow_runs": {"state": {"type": {"any_": ["COMPLETED", "FAILED", "CRASHED"]}}}}
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/api/flow_runs/filter",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            runs = [r for r in json.load(response) if r["parameters"].get("trigger") == "event"]
+        if runs:
+            return runs
+        time.sleep(2)
+    return []
+
+
 @pytest.mark.slow
 def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_path):
     import os
@@ -171,13 +191,20 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
             deployments = {d["name"]: d for d in json.load(response)}
         assert {"retrain-local", "pipeline-local", "promote-local"} <= set(deployments)
         assert deployments["retrain-local"]["schedules"], "the retrain deployment has its cron schedule"
+
+        # A file landing in the inbox: watcher event -> deployment trigger -> worker -> a retrain flow run,
+        # which refuses all-duplicate text before training (so the test stays short and changes nothing).
+        (tmp_path / "inbox" / "dupes.txt").write_text("same line\nsame line\n")
+        runs = _wait_for_event_run(prefect_port, deadline_s=120)
+        assert runs and runs[0]["state_type"] == "FAILED", runs
+        assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
     finally:
         stop = subprocess.run(
             ["bash", "infra/stop.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
         )
     assert stop.returncode == 0, stop.stdout + stop.stderr
     for name, pid in pids.items():
-        assert f"stop: {name} (pid {pid})" in stop.stdout
+        assert f"stop: {name} (pid {pid}) stopped" in stop.stdout, stop.stdout  # not killed
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
     assert not _answers(f"http://127.0.0.1:{prefect_port}/api/health")
