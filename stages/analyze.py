@@ -136,13 +136,26 @@ def run_space(
     fig.savefig(PLOTS / "collapse.png", dpi=120)
     plt.close(fig)
 
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 6))
+    # Checkpoints with the same weights (a stage that never beat its init) share a point: one label each point.
+    points: dict[tuple[float, float], list[str]] = {}
     for name, s in summary.items():
-        ax.scatter(s["alignment"], s["uniformity"], s=40)
-        ax.annotate(f"{name} ({s['spearman']:.1f})", (s["alignment"], s["uniformity"]), fontsize=8)
-    ax.set_xlabel("alignment: mean squared distance of positive pairs (unit sphere, lower is better)")
-    ax.set_ylabel("uniformity: log E exp(-2 d^2) (nats, lower is better)")
-    ax.set_title(f"Alignment vs uniformity on STS-B {split} (label: Spearman x 100)")
+        points.setdefault((round(s["alignment"], 6), round(s["uniformity"], 6)), []).append(
+            f"{name} ({s['spearman']:.1f})"
+        )
+    for (alignment, uniformity), labels in points.items():
+        ax.scatter(alignment, uniformity, s=40)
+        ax.annotate(
+            " = ".join(labels), (alignment, uniformity), xytext=(6, 4), textcoords="offset points", fontsize=8
+        )
+    ax.ticklabel_format(useOffset=False)
+    ax.tick_params(axis="x", labelrotation=30)
+    ax.margins(x=0.35, y=0.15)
+    ax.set_xlabel(
+        "alignment: mean squared distance of positive pairs\n(unit sphere, unitless; lower is better)"
+    )
+    ax.set_ylabel("uniformity: log E exp(-2 d^2) (nats; lower is better)")
+    ax.set_title(f"Alignment vs uniformity on STS-B {split}\n(label: Spearman x 100)")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(PLOTS / "align_uniform.png", dpi=120)
@@ -192,7 +205,7 @@ def plot_freq_tokens(rows: list[dict[str, Any]], label: str) -> None:
     ax.axvline(best["k"], color="grey", linestyle=":", label=f"best k = {int(best['k'])}")
     ax.set_xlabel("k: most frequent tokens left out of mean pooling (count)")
     ax.set_ylabel('Spearman x 100 ("all" protocol)')
-    ax.set_title(f"Frequent-token removal, {label} (token counts over the 7 STS test sets)")
+    ax.set_title(f"Frequent-token removal, {label}\n(token counts over the 7 STS test sets)")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
