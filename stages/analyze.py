@@ -255,6 +255,7 @@ def run_sweep(
     steps: int,
     values: Sequence[Any] | None,
     max_texts: Any,
+    init_label: str | None = None,
 ) -> list[dict[str, Any]]:
     rows = []
     if kind == "aug-grid":
@@ -275,7 +276,7 @@ def run_sweep(
                 {**label, **scores, "stsb_dev_step0": metrics["stsb_dev_step0"], "wall_s": metrics["wall_s"]}
             )
             _write_csv(ANALYSIS / f"{kind.replace('-', '_')}.csv", rows)  # partial results survive a stop
-    meta = {"init": init, "steps": steps, "max_texts": max_texts, "data": str(data)}
+    meta = {"init": init, "init_label": init_label, "steps": steps, "max_texts": max_texts, "data": str(data)}
     (ANALYSIS / f"{kind.replace('-', '_')}.json").write_text(
         json.dumps({**meta, "rows": rows}, indent=2) + "\n"
     )
@@ -285,7 +286,9 @@ def run_sweep(
 
 def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     plt = _plt()
-    subtitle = f"transfer from {Path(str(meta['init'])).name}, {meta['steps']} steps"
+    init = meta.get("init_label") or Path(str(meta["init"])).name
+    texts = "" if meta.get("max_texts") is None else f", {meta['max_texts']} texts"
+    subtitle = f"transfer from {init}, {meta['steps']} steps{texts}"
     if kind == "aug-grid":
         views = list(dict.fromkeys(r["view1"] for r in rows))
         grid = np.full((len(views), len(views)), np.nan)
@@ -364,7 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         values = [_value(v) for v in args.values.split(",")] if args.values else None
         init = args.init or resolve_model_path(params["model"]["name"])
-        run_sweep(args.analysis, params, args.data, init, args.steps, values, args.max_texts)
+        label = args.init or params["model"]["name"]
+        run_sweep(args.analysis, params, args.data, init, args.steps, values, args.max_texts, label)
     return 0
 
 
