@@ -55,6 +55,14 @@ def _plt():
     return plt
 
 
+def _save(fig, name: str) -> None:  # noqa: ANN001 (a matplotlib Figure)
+    """Lay out, write plots/<name> and free the figure."""
+    fig.tight_layout()
+    PLOTS.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOTS / name, dpi=120)
+    _plt().close(fig)
+
+
 def _write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
@@ -131,10 +139,7 @@ def run_space(
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].set_ylabel("cosine similarity of the pair (unitless)")
     fig.suptitle(f"STS-B {split}: cosine similarity by gold-score bucket (collapse = boxes all high)")
-    fig.tight_layout()
-    PLOTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOTS / "collapse.png", dpi=120)
-    plt.close(fig)
+    _save(fig, "collapse.png")
 
     fig, ax = plt.subplots(figsize=(8, 6))
     # Checkpoints with the same weights (a stage that never beat its init) share a point: one label each point.
@@ -157,9 +162,7 @@ def run_space(
     ax.set_ylabel("uniformity: log E exp(-2 d^2) (nats; lower is better)")
     ax.set_title(f"Alignment vs uniformity on STS-B {split}\n(label: Spearman x 100)")
     ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(PLOTS / "align_uniform.png", dpi=120)
-    plt.close(fig)
+    _save(fig, "align_uniform.png")
     return summary
 
 
@@ -208,10 +211,7 @@ def plot_freq_tokens(rows: list[dict[str, Any]], label: str) -> None:
     ax.set_title(f"Frequent-token removal, {label}\n(token counts over the 7 STS test sets)")
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    PLOTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOTS / "freq_tokens.png", dpi=120)
-    plt.close(fig)
+    _save(fig, "freq_tokens.png")
 
 
 # ------------------------------------------------------------------------------------------- train sweeps
@@ -323,10 +323,7 @@ def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
         ax.set_title(f"{kind}: {subtitle}")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    PLOTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOTS / f"{kind.replace('-', '_')}.png", dpi=120)
-    plt.close(fig)
+    _save(fig, f"{kind.replace('-', '_')}.png")
 
 
 def _value(text: str) -> Any:
