@@ -305,3 +305,23 @@ def test_readers_raise_on_first_problem_outside_validation(raw_copy):
     _mutate(raw_copy / "STS/STS12-en-test/STS.gs.MSRpar.txt", 9, b"high")
     with pytest.raises(DataFormatError, match=r"STS.gs.MSRpar.txt:9: score is a number"):
         read_sts_subset(raw_copy / "STS/STS12-en-test", "STS12", "MSRpar")
+
+
+def test_tar_members_outside_the_target_or_links_are_refused(tmp_path):
+    import io
+
+    archive = tmp_path / "bad.tar"
+    with tarfile.open(archive, "w") as tf:
+        data = b"x"
+        member = tarfile.TarInfo("../escape.txt")
+        member.size = len(data)
+        tf.addfile(member, io.BytesIO(data))
+    with tarfile.open(archive) as tf, pytest.raises(fetch_stage.FetchError, match="escape.txt"):
+        fetch_stage.refuse_unsafe_members(tf, archive, tmp_path / "out")
+    link = tmp_path / "link.tar"
+    with tarfile.open(link, "w") as tf:
+        member = tarfile.TarInfo("data/passwd")
+        member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
+        tf.addfile(member)
+    with tarfile.open(link) as tf, pytest.raises(fetch_stage.FetchError, match="a link"):
+        fetch_stage.refuse_unsafe_members(tf, link, tmp_path / "out")
