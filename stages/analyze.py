@@ -217,13 +217,9 @@ def plot_freq_tokens(rows: list[dict[str, Any]], label: str) -> None:
 # ------------------------------------------------------------------------------------------- train sweeps
 
 
-def transfer_run(
-    params: dict[str, Any], overrides: dict[str, Any], work: Path, name: str, init: str, steps: int
-) -> dict[str, Any]:
-    """One `stages.transfer` run with overrides of the ``transfer.base`` recipe, tracking off; returns its metrics.
-
-    Every cell uses the same recipe, so its encoder dropout is fixed and the grid compares views, not dropout.
-    """
+def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) -> dict[str, Any]:
+    """params.yaml for one cell: ``overrides`` go into the ``transfer.base`` recipe (``texts``/``max_texts`` into
+    ``transfer``), so every cell has the same encoder dropout and a grid compares views, not dropout."""
     p = json.loads(json.dumps(params))
     stage_keys = {k: v for k, v in overrides.items() if k in ("texts", "max_texts")}
     recipe = {k: v for k, v in overrides.items() if k not in stage_keys}
@@ -231,8 +227,15 @@ def transfer_run(
     p["transfer"]["base"] = {**p["transfer"]["base"], **recipe}
     # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run.
     p["train"] = {**p.get("train", {}), "eval_steps": steps, "patience": 1}
+    return p
+
+
+def transfer_run(
+    params: dict[str, Any], overrides: dict[str, Any], work: Path, name: str, init: str, steps: int
+) -> dict[str, Any]:
+    """One `stages.transfer` run of a sweep cell, tracking off; returns its metrics."""
     params_file = work / f"{name}.yaml"
-    params_file.write_text(yaml.safe_dump(p))
+    params_file.write_text(yaml.safe_dump(sweep_params(params, overrides, steps)))
     output = work / name
     cmd = [
         sys.executable,

@@ -12,9 +12,10 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer
-from stages.training import nli_triplets
+from stages.training import nli_triplets, stage_config
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
+TRANSFER_KEYS = ("texts", "max_texts", "base", "nli", "joint")
 TEXTS = tiny_sentences(64, seed=1)
 DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 5)) for i in range(0, 40, 2)]
 NLI = [(TEXTS[i], TEXTS[(i * 7 + 3) % 64], i % 3) for i in range(48)]
@@ -305,3 +306,17 @@ def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
     model = make_tiny_encoder(tmp_path / "hub")
     processed = write_tiny_processed(tmp_path / "processed")
     profile.main(["--smoke", "--model", str(model), "--processed", str(processed)])
+
+
+def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
+    from stages.analyze import sweep_params
+    from stages.common import load_params
+
+    params = load_params()
+    cells = [
+        sweep_params(params, {"views": [v, "none"], "max_texts": 2000}, 30) for v in ("shuffle", "dropout")
+    ]
+    configs = [stage_config(p, "transfer", {"mode": "transfer"}, "base", TRANSFER_KEYS) for p in cells]
+    assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
+    assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
+    assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000
