@@ -101,7 +101,7 @@ def run_pipeline(
     params: dict[str, Any], data: Path, pooling: str | None, backend: str | None
 ) -> dict[str, Any]:
     """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run."""
-    from stages.tracking import log_stage, sts_metrics
+    from sentcl_mlflow.runs import log_stage, sts_metrics
 
     settings = DEFAULTS | (params.get("evaluate") or {})
     pooling = pooling or settings["pooling"]

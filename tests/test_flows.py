@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stages import tracking
+from sentcl_mlflow import registry, runs, store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -82,13 +82,13 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
     from flows.common import PROMOTION_LIMIT
     from flows.promote import promote_flow
 
-    mlc = tracking.client()
-    run_id = mlc.create_run(tracking.experiment_id(mlc)).info.run_id
+    mlc = store.client()
+    run_id = mlc.create_run(store.experiment_id(mlc)).info.run_id
     (scratch_store / "m").mkdir()
     (scratch_store / "m" / "w.bin").write_bytes(b"w")
     mlc.log_artifacts(run_id, str(scratch_store / "m"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    tracking.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
+    registry.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
     result = promote_flow(actor="ci", model="flow-test")
     assert result["promoted"] and result["champion_after"] == "1"
     with get_client(sync_client=True) as client:

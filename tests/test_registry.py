@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stages import tracking
+from sentcl_mlflow import registry, runs, store
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,14 +134,14 @@ def fast_registry(mlflow_server, tmp_path_factory):
     """Version 1 of ``sentcl-test``, champion (the first model ever registered)."""
     folder = tmp_path_factory.mktemp("fake-model")
     (folder / "weights.bin").write_bytes(b"weights")
-    mlc = tracking.client()
-    run_id = mlc.create_run(tracking.experiment_id(mlc), run_name="fast-registry").info.run_id
+    mlc = store.client()
+    run_id = mlc.create_run(store.experiment_id(mlc), run_name="fast-registry").info.run_id
     mlc.log_artifacts(run_id, str(folder), "model")
     mlc.set_terminated(run_id)
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     started = time.monotonic()
-    version = tracking.register_candidate(source, 62.0, PLUS1, name=FAST, run_id=run_id)
-    result = tracking.promote(FAST, version=version)
+    version = registry.register_candidate(source, 62.0, PLUS1, name=FAST, run_id=run_id)
+    result = registry.promote(FAST, version=version)
     assert result["promoted"] and "first model" in result["reasons"][0]
     return {"source": source, "run_id": run_id, "seconds": time.monotonic() - started}
 
@@ -149,15 +149,21 @@ def fast_registry(mlflow_server, tmp_path_factory):
 PLUS1 = {k: v + 1 for k, v in TABLE.items()}
 
 
-def add_version(registry: dict, stsb_dev: float, table: dict[str, float]) -> str:
-    return tracking.register_candidate(
-        registry["source"], stsb_dev, table, name=FAST, tags={"checkpoint": "test"}, run_id=registry["run_id"]
+def add_version(fixture: dict, stsb_dev: float, table: dict[str, float], weights: str | None = None) -> str:
+    return registry.register_candidate(
+        fixture["source"],
+        stsb_dev,
+        table,
+        name=FAST,
+        tags={"checkpoint": "test"},
+        run_id=fixture["run_id"],
+        weights_sha256=weights,
     )
 
 
 @pytest.mark.slow
 def test_export_registers_first_champion_with_card_and_onnx(exported):
-    mlc = tracking.client()
+    mlc = store.client()
     summary = exported["summary"]
     assert summary["checkpoint"] == "transfer-base"
     assert summary["beat_init"] is True
@@ -213,7 +219,7 @@ def test_embed_file_with_the_champion(exported, tmp_path):
 
 
 def test_first_model_is_champion_and_challenger(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     assert champion(mlc, FAST) == "1"
     assert str(mlc.get_model_version_by_alias(FAST, "challenger").version) == "1"
     tags = mlc.get_model_version(FAST, "1").tags
@@ -222,22 +228,22 @@ def test_first_model_is_champion_and_challenger(fast_registry):
 
 
 def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     before = champion(mlc, FAST)
     worse = add_version(fast_registry, 61.0, PLUS1)
-    assert tracking.promote(FAST)["decision"] == "rejected"
+    assert registry.promote(FAST)["decision"] == "rejected"
     assert champion(mlc, FAST) == before
     assert mlc.get_model_version(FAST, worse).tags["gate.decision"] == "rejected"
     assert "min_delta" in mlc.get_model_version(FAST, worse).tags["gate.reasons"]
 
     add_version(fast_registry, 70.0, {**PLUS1, "STS13": PLUS1["STS13"] - 3})
-    result = tracking.promote(FAST)
+    result = registry.promote(FAST)
     assert not result["promoted"] and any("STS13 drops 3.00" in r for r in result["reasons"])
     assert champion(mlc, FAST) == before
 
     started = time.monotonic()
     better = add_version(fast_registry, 70.0, PLUS1)
-    result = tracking.promote(FAST)
+    result = registry.promote(FAST)
     seconds = time.monotonic() - started
     assert result["promoted"], result
     assert champion(mlc, FAST) == better
@@ -246,12 +252,12 @@ def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
 
 
 def test_rollback_restores_the_previous_champion_and_says_who(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     current = champion(mlc, FAST)
     add_version(fast_registry, 90.0, PLUS1)
-    newest = tracking.promote(FAST)["version"]
+    newest = registry.promote(FAST)["version"]
     assert champion(mlc, FAST) == newest
-    tracking.rollback(FAST, actor="alice", reason="bad on tickets")
+    registry.rollback(FAST, actor="alice", reason="bad on tickets")
     assert champion(mlc, FAST) == current
     tags = mlc.get_model_version(FAST, newest).tags
     assert tags["rolled_back_by"] == "alice" and tags["rolled_back_reason"] == "bad on tickets"
@@ -263,7 +269,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
     exactly one wins, because the second gate re-reads the champion after the lock and sees no gain."""
     import threading
 
-    mlc = tracking.client()
+    mlc = store.client()
     table = {k: v + 5 for k, v in TABLE.items()}
     a = add_version(fast_registry, 95.0, table)
     b = add_version(fast_registry, 95.0, table)
@@ -272,7 +278,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 
     def gate(version: str) -> None:
         barrier.wait()
-        results[version] = tracking.promote(FAST, version=version)
+        results[version] = registry.promote(FAST, version=version)
 
     threads = [threading.Thread(target=gate, args=(v,)) for v in (a, b)]
     for t in threads:
@@ -287,7 +293,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 @pytest.mark.slow
 def test_promote_cli_gates_and_rolls_back(fast_registry):
     """`python -m flows.promote` without a Prefect server: the gate under the file lock, in its own process."""
-    mlc = tracking.client()
+    mlc = store.client()
     before = champion(mlc, FAST)
     version = add_version(fast_registry, 99.0, {k: v + 9 for k, v in TABLE.items()})
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -313,7 +319,7 @@ def test_failed_export_leaves_registry_untouched(exported, tmp_path):
     """A run that fails (here: a checkpoint folder without weights) never registers and never moves aliases."""
     from stages import export
 
-    mlc = tracking.client()
+    mlc = store.client()
     before = (versions(mlc), champion(mlc))
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -329,7 +335,7 @@ def test_failed_export_leaves_registry_untouched(exported, tmp_path):
 
 @pytest.mark.slow
 def test_export_against_a_dead_server_fails_fast_and_registers_nothing(exported, tmp_path):
-    mlc = tracking.client()
+    mlc = store.client()
     before = versions(mlc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -391,7 +397,7 @@ def test_mlflow_models_serve_answers_embedding_requests(exported):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
-    champion_version = tracking.client().get_model_version_by_alias(NAME, "champion")
+    champion_version = store.client().get_model_version_by_alias(NAME, "champion")
     assert champion_version.tags["checkpoint"] == "transfer-base"
     expected = SentenceTransformer(str(exported["release"])).encode(["a sentence", "another one"])
     np.testing.assert_allclose(predictions, expected, atol=1e-5)
