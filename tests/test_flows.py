@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sentcl_mlflow import registry, runs, store
+from sentcl_mlflow import registry, store
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sentcl_mlflow import registry, runs, store
+from sentcl_mlflow import registry, store
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -401,3 +401,120 @@ def test_mlflow_models_serve_answers_embedding_requests(exported):
     assert champion_version.tags["checkpoint"] == "transfer-base"
     expected = SentenceTransformer(str(exported["release"])).encode(["a sentence", "another one"])
     np.testing.assert_allclose(predictions, expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ promotion that sticks
+
+
+def test_rollback_sticks_against_the_gate_and_against_the_same_weights(fast_registry):
+    """After a rollback, gating the demoted version (it was still `challenger` before this fix) and
+    re-registering its weights both leave the restored champion in place."""
+    mlc = store.client()
+    restored = champion(mlc, FAST)
+    bad = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)
+    assert registry.promote(FAST)["promoted"]
+    registry.rollback(FAST, actor="carol", reason="worse on tickets")
+    assert champion(mlc, FAST) == restored
+    tags = mlc.get_model_version(FAST, bad).tags
+    assert tags["rolled_back"] == "true" and tags["rolled_back_by"] == "carol"
+    with pytest.raises(Exception):  # noqa: B017 (the alias is gone: MLflow says so in its own words)
+        mlc.get_model_version_by_alias(FAST, "challenger")
+
+    result = registry.promote(FAST, version=bad)  # the gate run again on the demoted version
+    assert not result["promoted"] and "rolled back" in result["reasons"][0]
+    assert champion(mlc, FAST) == restored
+
+    before = versions(mlc, FAST)
+    again = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)  # a retrain that lands on them again
+    assert again == bad and versions(mlc, FAST) == before  # same weights: no second version
+    assert not registry.promote(FAST, version=again)["promoted"]
+    assert champion(mlc, FAST) == restored
+
+    with pytest.raises(ValueError, match="--by"):
+        registry.promote(FAST, version=bad, force=True)
+    forced = registry.promote(FAST, version=bad, actor="dave", force=True)
+    assert forced["promoted"] and "forced by dave" in forced["reasons"]
+    assert mlc.get_model_version(FAST, bad).tags["gate.forced_by"] == "dave"
+    registry.rollback(FAST, actor="dave", reason="undo the forced promotion")
+    assert champion(mlc, FAST) == restored
+
+
+KILLED_REGISTRATION = """
+import sys, time
+from sentcl_mlflow import registry, store
+name, source, run_id = sys.argv[1:4]
+mlc = store.client()
+with registry.promotion_lock(name, mlc=mlc, lease_s=3):
+    version, _ = registry._register_locked(
+        mlc, name, source, 500.0, {"STS12": 99.0}, "e" * 64, None, run_id)
+    print("registered", version, flush=True)
+    time.sleep(600)  # killed here: after the version exists, before the gate and the `ready` mark
+"""
+
+
+def test_a_kill_between_registration_and_gate_leaves_no_promotable_orphan(fast_registry):
+    mlc = store.client()
+    before = champion(mlc, FAST)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_REGISTRATION, FAST, fast_registry["source"], fast_registry["run_id"]],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("registered"), line
+    orphan = line.split()[1]
+    process.kill()
+    process.wait(30)
+    tags = mlc.get_model_version(FAST, orphan).tags
+    assert tags["sentcl.state"] == "registering"  # plainly marked unfinished
+    # The next gate breaks the dead holder's lease once it expires (3 s here), cleans up, and never
+    # promotes the orphan, though its scores would beat every champion.
+    with pytest.raises(LookupError):  # its alias went with it: nothing to gate
+        registry.promote(FAST)
+    assert champion(mlc, FAST) == before
+    assert orphan not in versions(mlc, FAST)
+
+
+TWO_CHECKOUT_GATE = """
+import sys, time
+from sentcl_mlflow import registry
+name, version, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+time.sleep(max(0.0, start - time.time()))
+print(registry.promote(name, version=version)["decision"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_gates_from_two_checkouts_against_one_http_store_give_one_champion(fast_registry, tmp_path):
+    """Two processes, each in its own checkout folder (a per-checkout file lock would not see the other),
+    gate two equally better challengers at the same moment: one champion."""
+    mlc = store.client()
+    table = {k: v + 20 for k, v in TABLE.items()}
+    a = add_version(fast_registry, 300.0, table)
+    b = add_version(fast_registry, 300.0, table)
+    start = time.time() + 8
+    processes = []
+    for version, checkout in ((a, "checkout-a"), (b, "checkout-b")):
+        (tmp_path / checkout).mkdir()
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", TWO_CHECKOUT_GATE, FAST, version, str(start)],
+                cwd=tmp_path / checkout,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    decisions = [p.communicate(timeout=240)[0].strip().splitlines()[-1] for p in processes]
+    assert sorted(decisions) == ["promoted", "rejected"], decisions
+    assert champion(mlc, FAST) in (a, b)
+
+
+def test_same_weights_are_never_registered_twice(fast_registry):
+    mlc = store.client()
+    first = add_version(fast_registry, 40.0, PLUS1, weights="a" * 64)
+    count = len(versions(mlc, FAST))
+    assert add_version(fast_registry, 41.0, PLUS1, weights="a" * 64) == first
+    assert len(versions(mlc, FAST)) == count
+    assert mlc.get_model_version(FAST, first).tags["sentcl.state"] == "ready"
