@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,6 +17,8 @@ from pathlib import Path
 from stages.common import EXIT_TRANSIENT, ROOT, load_params
 
 PROMOTION_LIMIT = "sentcl-promotion"
+# dvc.stage.exceptions.StageCmdFailedError's message, as `dvc repro` prints it on its last line.
+DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -65,9 +68,20 @@ class StageFailed(RuntimeError):
         super().__init__(f"{' '.join(cmd)} {what}:\n{tail}")
 
     @property
+    def stage_returncode(self) -> int:
+        """The stage's own exit code. `dvc repro` exits 255 whatever its stage returned, and reports the
+        stage's code in the message of its StageCmdFailedError ("failed to run: CMD, exited with N"):
+        that structured report is read here, the stage's own output never is."""
+        if self.returncode == 255 and "dvc" in self.cmd and "repro" in self.cmd:
+            codes = DVC_STAGE_EXIT.findall(self.output)
+            if codes:
+                return int(codes[-1])
+        return self.returncode
+
+    @property
     def transient(self) -> bool:
         """Only the exit code a stage returns for "try again" (a server or lock that did not answer)."""
-        return self.returncode == EXIT_TRANSIENT
+        return not self.timed_out and self.stage_returncode == EXIT_TRANSIENT
 
 
 def run_stage(
