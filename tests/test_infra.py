@@ -286,7 +286,22 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
+def _csrf_headers(port: int, auth: str) -> dict[str, str]:
+    """Prefect's CSRF protection is on under make serve: a state-changing request (POST, filters too)
+    carries a token fetched for a client id, as Prefect's own client does."""
+    import urllib.request
+
+    if not auth:
+        return {}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/csrf-token?client=sentcl-test", headers={"Authorization": auth}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        token = json.load(response)["token"]
+    return {"Authorization": auth, "Prefect-Csrf-Token": token, "Prefect-Csrf-Client": "sentcl-test"}
+
+
+def _wait_for_event_run(port: int, deadline_s: float, auth: str = "") -> list[dict]:
     import time
     import urllib.request
 
@@ -296,7 +311,7 @@ def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/flow_runs/filter",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **_csrf_headers(port, auth)},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             runs = [r for r in json.load(response) if r["parameters"].get("trigger") == "event"]
@@ -308,8 +323,10 @@ def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
 
 @pytest.mark.slow
 def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_path):
+    import base64
     import os
     import sys
+    import urllib.error
     import urllib.request
 
     prefect_port, mlflow_port = _free_port(), _free_port()
@@ -317,12 +334,18 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         os.environ,
         VENV=str(Path(sys.executable).parent.parent),
         SENTCL_RUN_DIR=str(tmp_path / "run"),
+        SENTCL_ENV_FILE=str(tmp_path / "no.env"),
         PREFECT_HOME=str(tmp_path / "prefect"),
         PREFECT_PORT=str(prefect_port),
         MLFLOW_PORT=str(mlflow_port),
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
         SENTCL_INBOX=str(tmp_path / "inbox"),
+        PREFECT_AUTH_STRING="admin:serve-test-secret",
+        MLFLOW_AUTH_ADMIN_PASSWORD="serve-test-admin-1",
+        MLFLOW_FLASK_SERVER_SECRET_KEY="serve-test-flask",
+        SENTCL_GATE_PASSWORD="serve-test-gate-1",
     )
+    env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("PREFECT_API_URL", None)
     pids: dict[str, int] = {}
     try:
@@ -332,13 +355,25 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         assert serve.returncode == 0, serve.stdout + serve.stderr
         assert "serve: ready" in serve.stdout
         pids = {p.stem: int(p.read_text()) for p in (tmp_path / "run").glob("*.pid")}
-        assert set(pids) == {"prefect-server", "mlflow-ui", "worker", "watcher"}
-        assert _answers(f"http://127.0.0.1:{prefect_port}/api/health")
+        assert set(pids) == {"prefect-server", "mlflow-server", "worker", "watcher"}
         assert _answers(f"http://127.0.0.1:{mlflow_port}/health")
+        auth = "Basic " + base64.b64encode(b"admin:serve-test-secret").decode()
+        # Both servers refuse a request without credentials.
+        for url in (
+            f"http://127.0.0.1:{prefect_port}/api/admin/version",
+            f"http://127.0.0.1:{mlflow_port}/api/2.0/mlflow/experiments/search?max_results=1",
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10)
+            assert refused.value.code == 401, url
+        # The worker runs as the gate's account against the HTTP server, not the sqlite file.
+        worker_env = Path(f"/proc/{pids['worker']}/environ").read_bytes().split(b"\0")
+        assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}".encode() in worker_env
+        assert b"MLFLOW_TRACKING_USERNAME=sentcl-gate" in worker_env
         request = urllib.request.Request(
             f"http://127.0.0.1:{prefect_port}/api/deployments/filter",
             data=b"{}",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **_csrf_headers(prefect_port, auth)},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             deployments = {d["name"]: d for d in json.load(response)}
@@ -348,7 +383,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         # A file landing in the inbox: watcher event -> deployment trigger -> worker -> a retrain flow run,
         # which refuses all-duplicate text before training (so the test stays short and changes nothing).
         (tmp_path / "inbox" / "dupes.txt").write_text("same line\nsame line\n")
-        runs = _wait_for_event_run(prefect_port, deadline_s=120)
+        runs = _wait_for_event_run(prefect_port, deadline_s=120, auth=auth)
         assert runs and runs[0]["state_type"] == "FAILED", runs
         assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
     finally:

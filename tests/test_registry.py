@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -394,6 +395,15 @@ def test_mlflow_models_serve_answers_embedding_requests(exported):
         predictions = np.asarray(
             json.loads(urllib.request.urlopen(request, timeout=60).read())["predictions"]
         )
+        bad = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps({"inputs": [123, None]}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(bad, timeout=60)
+        assert refused.value.code == 400
+        assert "not a string" in refused.value.read().decode()
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
@@ -518,3 +528,34 @@ def test_same_weights_are_never_registered_twice(fast_registry):
     assert add_version(fast_registry, 41.0, PLUS1, weights="a" * 64) == first
     assert len(versions(mlc, FAST)) == count
     assert mlc.get_model_version(FAST, first).tags["sentcl.state"] == "ready"
+
+
+def test_served_model_refuses_inputs_that_are_not_strings():
+    """The pyfunc's input check (what `mlflow models serve` turns into a 400 with the message)."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from stages.pyfunc_encoder import _sentences
+
+    assert _sentences(["a", "b"]) == ["a", "b"]
+    assert _sentences(pd.DataFrame({"sentence": ["a", "b"]})) == ["a", "b"]
+    for bad in ([123, None], pd.DataFrame({0: [123, None]}), {"sentence": ["ok", 4.5]}):
+        with pytest.raises(MlflowException, match="not a string") as refused:
+            _sentences(bad)
+        assert refused.value.get_http_status_code() == 400
+
+
+def test_evaluate_on_a_folder_that_is_not_a_model_is_one_line_exit_2(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    data = tmp_path / "data"
+    (data / "STS").mkdir(parents=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "stages.evaluate", "--model", str(tmp_path / "notes"), "--data", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "not a model folder" in out.stderr and "Traceback" not in out.stderr
