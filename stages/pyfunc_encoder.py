@@ -17,8 +17,10 @@ import numpy as np
 def _sentences(model_input: Any) -> list[str]:
     """``mlflow models serve`` hands a DataFrame; ``predict`` in Python may get a list, an array or one string.
 
-    Every item must be a string: ``[123, null]`` is refused (``mlflow models serve`` answers 400 with the
-    message), never turned into the vectors of "123" and "None"."""
+    Every item that reaches the model must be a string: ``predict([123, None])`` is refused with an
+    INVALID_PARAMETER_VALUE error (HTTP 400), never turned into the vectors of "123" and "None". Known gap:
+    ``mlflow models serve`` parses a request against the logged string signature before the model sees it
+    (``infer_and_parse_data`` turns ``[123, null]`` into strings), so over HTTP this check does not fire yet."""
     if isinstance(model_input, str):
         return [model_input]
     if hasattr(model_input, "iloc") and hasattr(model_input, "columns"):  # pandas without importing it

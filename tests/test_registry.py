@@ -395,15 +395,6 @@ def test_mlflow_models_serve_answers_embedding_requests(exported):
         predictions = np.asarray(
             json.loads(urllib.request.urlopen(request, timeout=60).read())["predictions"]
         )
-        bad = urllib.request.Request(
-            f"http://127.0.0.1:{port}/invocations",
-            data=json.dumps({"inputs": [123, None]}).encode(),
-            headers={"Content-Type": "application/json"},
-        )
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(bad, timeout=60)
-        assert refused.value.code == 400
-        assert "not a string" in refused.value.read().decode()
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
@@ -559,3 +550,33 @@ def test_evaluate_on_a_folder_that_is_not_a_model_is_one_line_exit_2(tmp_path):
     )
     assert out.returncode == 2
     assert "not a model folder" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_register_stage_finds_registered_weights_and_experiments_register_elsewhere(exported, tmp_path):
+    """`stages.register` (the DVC stage after export) on a release already registered: the same weights are
+    found, not registered again; inside a DVC experiment it registers into the experiments model."""
+    mlc = store.client()
+    before = versions(mlc)
+    cmd = [sys.executable, "-m", "stages.register", "--release", str(exported["release"])]
+    out = subprocess.run(
+        cmd + ["--summary", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "r.json").read_text())
+    assert summary["registered_version"] == "1" and summary["new_version"] is False
+    assert versions(mlc) == before and champion(mlc) == "1"
+
+    env = {**os.environ, "DVC_EXP_NAME": "exp-test"}
+    out = subprocess.run(
+        cmd + ["--summary", str(tmp_path / "e.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "e.json").read_text())
+    assert summary["registered_model"] == "sentcl-encoder-experiments" and summary["new_version"] is True
+    assert versions(mlc) == before  # production untouched
