@@ -41,8 +41,21 @@ start() {  # name, command...: own session (so stop can end its children too), p
   local name="$1"; shift
   if running "$name"; then echo "serve: $name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
   setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
-  echo $! >"$RUN/$name.pid"
-  echo "serve: $name started (pid $!, log $RUN/$name.log)"
+  local pid=$!
+  echo "$pid" >"$RUN/$name.pid"
+  # Once setsid has exec'd the command: its command line is what `make stop` checks before signalling.
+  for _ in $(seq 1 50); do
+    [[ -r "/proc/$pid/cmdline" ]] && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q '^setsid ' && break
+    sleep 0.1
+  done
+  record "$name"
+  echo "serve: $name started (pid $pid, log $RUN/$name.log)"
+}
+
+record() {  # name: the command line the process runs now (again after a wrapper script has exec'd)
+  local pid
+  pid="$(cat "$RUN/$1.pid")"
+  tr '\0' ' ' <"/proc/$pid/cmdline" >"$RUN/$1.cmdline" 2>/dev/null || true
 }
 
 wait_http() {  # name, url, seconds: any HTTP answer counts (401 from an authenticated server too)
@@ -57,6 +70,7 @@ except urllib.error.HTTPError:
     if ! running "$1"; then echo "serve: $1 exited; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1; fi
     sleep 1
   done
+  record "$1"
   echo "serve: $1 answers on $2"
 }
 
@@ -102,7 +116,7 @@ done
 
 # What `make stop` checks before it signals a PID: the command line each process runs now (after exec).
 for name in prefect-server mlflow-server worker watcher; do
-  if running "$name"; then tr '\0' ' ' <"/proc/$(cat "$RUN/$name.pid")/cmdline" >"$RUN/$name.cmdline"; fi
+  if running "$name"; then record "$name"; fi
 done
 
 cat <<MSG

@@ -28,7 +28,16 @@ for name in watcher worker mlflow-server prefect-server; do
   pidfile="$RUN/$name.pid"
   [[ -f "$pidfile" ]] || continue
   pid="$(cat "$pidfile")"
-  if kill -0 "$pid" 2>/dev/null && same_process "$name" "$pid"; then
+  if ! kill -0 "$pid" 2>/dev/null; then
+    rm -f "$pidfile" "$RUN/$name.cmdline"
+    continue
+  fi
+  if ! same_process "$name" "$pid"; then
+    # A reused PID: the file is stale. No record at all: keep the file for a person to look at.
+    [[ -f "$RUN/$name.cmdline" ]] && rm -f "$pidfile" "$RUN/$name.cmdline"
+    continue
+  fi
+  if true; then
     # The leader first: Prefect's CLI forwards the signal to its own children and waits for them; signalling
     # the whole group at once makes them receive it twice.
     # Prefect's worker takes TERM or INT as "stop polling, then exit"; after it has run a flow, Prefect 3.9's

@@ -350,7 +350,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
     pids: dict[str, int] = {}
     try:
         serve = subprocess.run(
-            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )
         assert serve.returncode == 0, serve.stdout + serve.stderr
         assert "serve: ready" in serve.stdout
