@@ -1,78 +1,184 @@
-"""What the flows share: running a stage as a subprocess, transient-failure retries, the promotion limit."""
+"""What the flows share: running a stage as a bounded subprocess, typed transient retries, the promotion limit."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
 
-from stages.common import ROOT
+from stages.common import EXIT_TRANSIENT, ROOT, load_params
 
 PROMOTION_LIMIT = "sentcl-promotion"
-# Output that marks a failure worth retrying: locks, networks, servers coming up. A bug or bad data is not.
-TRANSIENT = (
-    "unable to acquire lock",
-    "lock is held",
-    "connection refused",
-    "connection reset",
-    "connectionerror",
-    "timed out",
-    "timeout",
-    "temporary failure",
-    "is unreachable",
-    "503 service unavailable",
-    "502 bad gateway",
-    "too many requests",
-)
+# dvc.stage.exceptions.StageCmdFailedError's message, as `dvc repro` prints it on its last line.
+DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """params.yaml ``flows:``: how long anything may run, and how often a transient failure is retried."""
+
+    stage_timeout_s: float  # one stage subprocess (a `dvc repro <stage>`, a retrain step)
+    flow_timeout_s: float  # a whole flow run
+    retries: int  # of a stage that exited EXIT_TRANSIENT
+    retry_delay_s: float
+
+    @classmethod
+    def from_params(cls, params: dict) -> FlowConfig:
+        raw = params.get("flows")
+        if not isinstance(raw, dict):
+            raise ValueError("params.yaml: section 'flows' is missing or not a mapping")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ValueError(
+                f"params.yaml: unknown key {unknown[0]!r} in section 'flows' (known: {', '.join(names)})"
+            )
+        missing = [n for n in names if n not in raw]
+        if missing:
+            raise ValueError(f"params.yaml: flows.{missing[0]} is missing")
+        for name in names:
+            value = raw[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"params.yaml: flows.{name} must be a number >= 0, got {value!r}")
+        return cls(
+            float(raw["stage_timeout_s"]),
+            float(raw["flow_timeout_s"]),
+            int(raw["retries"]),
+            float(raw["retry_delay_s"]),
+        )
+
+
+def flow_config() -> FlowConfig:
+    return FlowConfig.from_params(load_params())
 
 
 class StageFailed(RuntimeError):
-    def __init__(self, cmd: Sequence[str], returncode: int, output: str) -> None:
-        self.cmd, self.returncode, self.output = list(cmd), returncode, output
+    def __init__(self, cmd: Sequence[str], returncode: int, output: str, timed_out: bool = False) -> None:
+        self.cmd, self.returncode, self.output, self.timed_out = list(cmd), returncode, output, timed_out
         tail = "\n".join(output.strip().splitlines()[-25:])
-        super().__init__(f"{' '.join(cmd)} exited {returncode}:\n{tail}")
+        what = "timed out" if timed_out else f"exited {returncode}"
+        super().__init__(f"{' '.join(cmd)} {what}:\n{tail}")
+
+    @property
+    def stage_returncode(self) -> int:
+        """The stage's own exit code. `dvc repro` exits 255 whatever its stage returned, and reports the
+        stage's code in the message of its StageCmdFailedError ("failed to run: CMD, exited with N"):
+        that structured report is read here, the stage's own output never is."""
+        if self.returncode == 255 and "dvc" in self.cmd and "repro" in self.cmd:
+            codes = DVC_STAGE_EXIT.findall(self.output)
+            if codes:
+                return int(codes[-1])
+        return self.returncode
 
     @property
     def transient(self) -> bool:
-        text = self.output.lower()
-        return any(marker in text for marker in TRANSIENT)
+        """Only the exit code a stage returns for "try again" (a server or lock that did not answer)."""
+        return not self.timed_out and self.stage_returncode == EXIT_TRANSIENT
 
 
-def run_stage(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT) -> str:
-    """Run a stage command, stream its output into the flow's log, raise :class:`StageFailed` on failure."""
+def run_stage(
+    cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout_s: float | None = None
+) -> str:
+    """Run a stage command, stream its output into the flow's log, raise :class:`StageFailed` on failure.
+
+    ``timeout_s`` (default params.yaml ``flows.stage_timeout_s``; 0 = none): past it the stage's whole
+    process group gets TERM, then KILL 10 s later, and the run fails as timed out (not retried)."""
+    if timeout_s is None:
+        timeout_s = flow_config().stage_timeout_s
     full_env = {**os.environ, **(env or {})}
     # The venv's bin first, so `dvc` and the `python` of dvc.yaml commands are this environment's.
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
     # Every progress-bar refresh becomes a line of the flow's log: one every 30 s is enough there.
     full_env.setdefault("TQDM_MININTERVAL", "30")
     process = subprocess.Popen(
-        list(cmd), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        list(cmd),
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own group: a timeout ends the stage and whatever it started
     )
     lines: list[str] = []
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
-        print(line.rstrip())
-    process.wait()
+
+    def pump() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            print(line.rstrip())
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        process.wait(timeout=timeout_s or None)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        _end_group(process)
+        lines.append(f"run_stage: no result after {timeout_s:g}s (flows.stage_timeout_s); stopped it\n")
+    except BaseException:  # the flow itself is cancelled or timed out: take the stage down with it
+        _end_group(process)
+        raise
+    reader.join(10)
     output = "".join(lines)
-    if process.returncode != 0:
-        raise StageFailed(cmd, process.returncode, output)
+    if timed_out or process.returncode != 0:
+        raise StageFailed(cmd, process.returncode if not timed_out else 124, output, timed_out)
     return output
 
 
+def _end_group(process: subprocess.Popen) -> None:
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(wait_s)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
 def retry_if_transient(task, task_run, state) -> bool:  # noqa: ANN001 (Prefect's callback signature)
-    """Prefect retry condition: retry a failed stage only when its output looks transient."""
+    """Prefect retry condition: retry a failed stage only when it exited with EXIT_TRANSIENT, or a registry
+    call in the flow's own process failed the same typed way."""
     try:
         state.result()
     except StageFailed as failure:
         return failure.transient
-    except Exception:
-        return False
+    except Exception as error:  # noqa: BLE001 (classified below, by type only)
+        return transient_error(error)
     return False
+
+
+# MLflow's REST error codes that mean "the server or its artifact store had a hiccup", not "you asked wrong".
+TRANSIENT_MLFLOW_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_LIMIT_EXCEEDED"}
+
+
+def transient_error(error: BaseException) -> bool:
+    """A failure in the flow's own process worth retrying: the tracking server or artifact store did not
+    answer, a lock or lease timed out. Decided by type (and MLflow's error code), never by message text."""
+    from sentcl_mlflow.registry import PromotionLockTimeout
+    from sentcl_mlflow.store import TrackingUnavailableError
+
+    if isinstance(error, TrackingUnavailableError | PromotionLockTimeout | ConnectionError | TimeoutError):
+        return True
+    try:
+        import requests
+
+        if isinstance(error, requests.exceptions.ConnectionError | requests.exceptions.Timeout):
+            return True
+    except ImportError:
+        pass
+    return str(getattr(error, "error_code", "")) in TRANSIENT_MLFLOW_CODES
 
 
 def ensure_promotion_limit() -> None:
@@ -96,16 +202,79 @@ def ensure_promotion_limit() -> None:
 
 @contextmanager
 def promotion_slot() -> Iterator[None]:
-    """The one promotion slot of the Prefect server (spans machines); the gate adds its file lock inside."""
+    """The one promotion slot of the Prefect server (queues flows fairly); the gate takes its lease in the
+    registry inside it, which is what serialises promotions for anyone reaching the store, flow or not."""
     from prefect.concurrency.sync import concurrency
 
+    from sentcl_mlflow.registry import LOCK_WAIT_S
+
     ensure_promotion_limit()
-    with concurrency(PROMOTION_LIMIT, occupy=1, strict=True):
+    with concurrency(PROMOTION_LIMIT, occupy=1, strict=True, timeout_seconds=LOCK_WAIT_S):
         yield
 
 
 def run_tags_env(tags: dict[str, str]) -> dict[str, str]:
-    """Extra MLflow run tags for the stages a flow starts (read by stages.tracking.run_tags)."""
+    """Extra MLflow run tags for the stages a flow starts (read by sentcl_mlflow.runs.run_tags)."""
     merged = json.loads(os.environ.get("SENTCL_RUN_TAGS") or "{}")
     merged.update(tags)
     return {"SENTCL_RUN_TAGS": json.dumps(merged)}
+
+
+def check_prefect_api(timeout_s: float = 5) -> None:
+    """With PREFECT_API_URL set, the server must answer (and accept PREFECT_API_AUTH_STRING) before a flow
+    starts: otherwise one line, not a minute of retries and a traceback."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    url = os.environ.get("PREFECT_API_URL")
+    if not url:
+        return
+    request = urllib.request.Request(url.rstrip("/") + "/admin/version")
+    auth = os.environ.get("PREFECT_API_AUTH_STRING")
+    if auth:
+        request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            raise ServiceUnavailable(
+                f"Prefect API {url} refused the request: set PREFECT_API_AUTH_STRING"
+            ) from None
+        if e.code < 500:
+            return
+        raise ServiceUnavailable(f"Prefect API {url} answers {e.code}; is the server healthy?") from None
+    except (OSError, urllib.error.URLError) as e:
+        raise ServiceUnavailable(
+            f"Prefect API {url} is unreachable ({getattr(e, 'reason', e)}): start it (make serve) or unset "
+            "PREFECT_API_URL to run without a server"
+        ) from None
+
+
+class ServiceUnavailable(Exception):
+    """A server the command needs did not answer, or refused its credentials."""
+
+    pass
+
+
+@contextmanager
+def cli_errors(name: str) -> Iterator[None]:
+    """Turn what a person must act on (a server down, no champion, bad credentials) into one line + exit 2."""
+    from sentcl.registry import RegistryConfigError
+    from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+
+    try:
+        yield
+    except (
+        ServiceUnavailable,
+        TrackingUnavailableError,
+        TrackingAuthError,
+        NoChampionError,
+        PromotionLockTimeout,
+        WeightsMismatchError,
+        RegistryConfigError,
+    ) as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

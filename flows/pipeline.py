@@ -3,9 +3,9 @@
     python -m flows.pipeline                 # every stage; DVC skips what is up to date
     python -m flows.pipeline --stage export  # that stage (and, through DVC, what it needs)
 
-DVC decides what is up to date (no Prefect result cache on top); a task retries a stage only when its failure
-looks transient (a lock, a network or a server). The export task holds the promotion slot, so a pipeline and a
-retrain cannot run the gate at the same moment.
+DVC decides what is up to date (no Prefect result cache on top); a task retries a stage only when it exits
+75 (EX_TEMPFAIL: a server or lock did not answer). Every stage has a timeout (params.yaml ``flows``). The
+register task holds the promotion slot, so a pipeline and a retrain queue for the gate.
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ import yaml
 from prefect import flow, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import promotion_slot, retry_if_transient, run_stage
+from flows.common import flow_config, promotion_slot, retry_if_transient, run_stage
 from stages.common import ROOT
 
-GATED_STAGES = {"export"}
+GATED_STAGES = {"register"}
+SETTINGS = flow_config()
 
 
 def stage_names(repo: Path = ROOT) -> list[str]:
@@ -31,29 +32,31 @@ def stage_names(repo: Path = ROOT) -> list[str]:
 
 @task(
     task_run_name="dvc repro {stage}",
-    retries=2,
-    retry_delay_seconds=[15, 60],
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
     retry_condition_fn=retry_if_transient,
     cache_policy=NO_CACHE,  # DVC is the cache; Prefect must always ask it
 )
-def repro(stage: str, force: bool = False, repo: Path = ROOT) -> str:
+def repro(stage: str, force: bool = False, repo: Path = ROOT, timeout_s: float | None = None) -> str:
     cmd = [sys.executable, "-m", "dvc", "repro", stage] + (["--force"] if force else [])
     if stage in GATED_STAGES:
         with promotion_slot():
-            return run_stage(cmd, cwd=repo)
-    return run_stage(cmd, cwd=repo)
+            return run_stage(cmd, cwd=repo, timeout_s=timeout_s)
+    return run_stage(cmd, cwd=repo, timeout_s=timeout_s)
 
 
-@flow(name="sentcl-pipeline", log_prints=True)
+@flow(name="sentcl-pipeline", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
 def pipeline(
     stages: list[str] | None = None,
     force: bool = False,
     repo: str | None = None,
     retry_delay_s: float | None = None,
+    stage_timeout_s: float | None = None,
 ) -> list[str]:
     """Reproduce ``stages`` (default all, in dvc.yaml order, which is topological for this project's file).
 
-    ``repo`` and ``retry_delay_s`` exist for tests (a scratch DVC repository, no waiting between retries).
+    ``repo`` and ``retry_delay_s`` exist for tests (a scratch DVC repository, no waiting between retries);
+    ``stage_timeout_s`` overrides params.yaml ``flows.stage_timeout_s``.
     """
     root = Path(repo) if repo else ROOT
     order = stage_names(root)
@@ -63,7 +66,7 @@ def pipeline(
         raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {order}")
     run = repro if retry_delay_s is None else repro.with_options(retry_delay_seconds=retry_delay_s)
     for stage in selected:
-        run(stage, force=force, repo=root)
+        run(stage, force=force, repo=root, timeout_s=stage_timeout_s)
     return selected
 
 
@@ -71,8 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Run the DVC pipeline as a Prefect flow.")
     parser.add_argument("--stage", action="append", help="only these stages (repeatable)")
     parser.add_argument("--force", action="store_true", help="dvc repro --force for the selected stages")
+    parser.add_argument(
+        "--stage-timeout", type=float, help="seconds per stage (default flows.stage_timeout_s)"
+    )
     args = parser.parse_args(argv)
-    pipeline(stages=args.stage, force=args.force)
+    from flows.common import cli_errors
+
+    with cli_errors("pipeline"):
+        pipeline(stages=args.stage, force=args.force, stage_timeout_s=args.stage_timeout)
     return 0
 
 

@@ -3,10 +3,13 @@
     python -m flows.promote                        # gate the `challenger` against the `champion`
     python -m flows.promote --version 7            # gate a given version
     python -m flows.promote --rollback --reason "bad answers on support tickets" [--by alice]
+    python -m flows.promote --version 7 --force --by alice   # a rolled-back version (or its weights) again
 
 With ``PREFECT_API_URL`` set (a Prefect server, as under `make serve`) the gate runs as a flow that holds the
-server-wide promotion slot; without it, it runs directly under the file lock beside the tracking store, so a
-hand-run gate does not wait for a temporary Prefect server. Both re-read the champion after taking the lock.
+server-wide promotion slot; without it, it runs directly. Either way the gate takes the promotion lease in
+the registry (sentcl_mlflow.registry.promotion_lock), which serialises it against every other machine, and
+re-reads the champion after taking it. Exit 0 when the gate ran (promoted or not); 2 with one line when it
+could not (no such version, a server down, credentials refused).
 """
 
 from __future__ import annotations
@@ -18,22 +21,24 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import promotion_slot
-from stages import tracking
+from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
+from sentcl_mlflow import registry
+
+TIMEOUT_S = flow_config().stage_timeout_s or None
 
 
-@flow(name="sentcl-promote", log_prints=True)
+@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
 def promote_flow(
-    version: str | None = None, actor: str | None = None, model: str | None = None
+    version: str | None = None, actor: str | None = None, model: str | None = None, force: bool = False
 ) -> dict[str, Any]:
     with promotion_slot():
-        return tracking.promote(model, version=version, actor=actor)
+        return registry.promote(model, version=version, actor=actor, force=force)
 
 
-@flow(name="sentcl-rollback", log_prints=True)
+@flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
 def rollback_flow(reason: str, actor: str | None = None, model: str | None = None) -> dict[str, Any]:
     with promotion_slot():
-        return tracking.rollback(model, actor=actor, reason=reason)
+        return registry.rollback(model, actor=actor, reason=reason)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,21 +48,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rollback", action="store_true", help="give champion back to the previous champion")
     parser.add_argument("--reason", default="manual rollback", help="why (recorded on both versions)")
     parser.add_argument("--by", default=None, help="who (default: $SENTCL_ACTOR or the login name)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="gate a rolled-back version (or the same weights) anyway; needs --by NAME. Score rules still apply",
+    )
     args = parser.parse_args(argv)
+    if args.force and not args.by:
+        print("promote: --force needs the name of the person forcing it: --by NAME", file=sys.stderr)
+        return 2
     orchestrated = bool(os.environ.get("PREFECT_API_URL"))
     try:
-        if args.rollback:
+        with cli_errors("promote"):
             if orchestrated:
-                rollback_flow(args.reason, args.by, args.model)
+                check_prefect_api()
+            if args.rollback:
+                if orchestrated:
+                    rollback_flow(args.reason, args.by, args.model)
+                else:
+                    registry.rollback(args.model, actor=args.by, reason=args.reason)
+            elif orchestrated:
+                promote_flow(args.version, args.by, args.model, args.force)
             else:
-                tracking.rollback(args.model, actor=args.by, reason=args.reason)
-        elif orchestrated:
-            promote_flow(args.version, args.by, args.model)
-        else:
-            tracking.promote(args.model, version=args.version, actor=args.by)
-    except (LookupError, tracking.TrackingUnavailableError) as e:
+                registry.promote(args.model, version=args.version, actor=args.by, force=args.force)
+    except LookupError as e:
         print(f"promote: {e}", file=sys.stderr)
-        return 1
+        return 2
     return 0
 
 

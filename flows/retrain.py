@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -23,12 +24,39 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import promotion_slot, retry_if_transient, run_stage, run_tags_env
+from flows.common import (
+    check_prefect_api,
+    cli_errors,
+    flow_config,
+    promotion_slot,
+    retry_if_transient,
+    run_stage,
+    run_tags_env,
+)
 from sentcl.domain import DomainTextError, read_domain_text, read_scored_pairs, write_sentences
 from stages.common import PROCESSED, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
 PY = sys.executable
+SETTINGS = flow_config()
+# Runs started by an event or a schedule read domain text only from here (the watcher's folder).
+TRIGGERED = ("event", "schedule")
+
+
+def inbox() -> Path:
+    return Path(os.environ.get("SENTCL_INBOX") or ROOT / "inbox").resolve()
+
+
+def check_inside_inbox(domain_text: str, trigger: str) -> None:
+    """An event or schedule names a path; only paths inside the configured inbox are accepted (an event
+    payload is data from whoever can emit events, not a licence to read any file the worker can)."""
+    if trigger not in TRIGGERED:
+        return
+    box, path = inbox(), Path(domain_text).resolve()
+    if path != box and box not in path.parents:
+        raise DomainTextError(
+            f"{domain_text}: outside the inbox {box} (SENTCL_INBOX); a {trigger}-triggered retrain reads only there"
+        )
 
 
 @task(cache_policy=NO_CACHE)
@@ -39,20 +67,26 @@ def check_text(domain_text: str) -> dict[str, Any]:
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10, retry_condition_fn=retry_if_transient)
 def fetch_init(work: Path) -> dict[str, Any]:
-    """The champion's folder and its registered scores; the base model when nothing is registered yet."""
-    from stages import tracking
+    """The champion's folder and its registered scores; the base model when nothing is registered yet.
 
-    version = tracking.alias_version(tracking.CHAMPION)
-    if version is None:
+    Retried (twice) when MLflow or its artifact store has a hiccup (flows.common.transient_error: the server
+    unreachable, a connection reset, MLflow's TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch
+    or a missing model is not retried."""
+    from sentcl_mlflow import registry
+
+    shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
+    champion = registry.champion_scores()
+    if champion is None:
         from sentcl.encoder import resolve_model_path
 
         name = load_params()["model"]["name"]
         print(f"retrain: no champion registered yet; starting from the base model {name}")
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
         return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
-    folder = tracking.download_alias(tracking.CHAMPION, work / "champion-download")
-    mv = tracking.client().get_model_version(tracking.registry_params()["model_name"], version)
-    stsb, table, _ = tracking.version_scores(mv)
+    version, (stsb, table, _) = champion
+    folder = registry.download_model(
+        f"models:/{registry.gate_config().model_name}/{version}", work / "champion-download"
+    )
     print(f"retrain: starting from champion version {version} (stsb_dev {stsb})")
     return {"version": str(version), "folder": str(folder), "sts_row": {"all": table, "stsb_dev": stsb}}
 
@@ -73,13 +107,23 @@ def prepare_text(domain_text: str, init_folder: str, work: Path) -> dict[str, An
     return {**text.summary(), "path": str(path)}
 
 
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=30, retry_condition_fn=retry_if_transient)
+@task(
+    cache_policy=NO_CACHE,
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
+    retry_condition_fn=retry_if_transient,
+)
 def ensure_data() -> None:
     """The transfer stage scores STS-B dev from data/processed; DVC brings it up to date if needed."""
     run_stage([PY, "-m", "dvc", "repro", "validate"])
 
 
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=30, retry_condition_fn=retry_if_transient)
+@task(
+    cache_policy=NO_CACHE,
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
+    retry_condition_fn=retry_if_transient,
+)
 def transfer(
     init: str, texts: str, work: Path, stage: str, env: dict[str, str], steps: int | None = None
 ) -> Path:
@@ -94,7 +138,12 @@ def transfer(
     return output
 
 
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=30, retry_condition_fn=retry_if_transient)
+@task(
+    cache_policy=NO_CACHE,
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
+    retry_condition_fn=retry_if_transient,
+)
 def evaluate(models: dict[str, str], output: Path, env: dict[str, str]) -> dict[str, Any]:
     cmd = [PY, "-m", "stages.evaluate", "--output", str(output), "--no-progress"]
     for name, folder in models.items():
@@ -103,7 +152,12 @@ def evaluate(models: dict[str, str], output: Path, env: dict[str, str]) -> dict[
     return json.loads(output.read_text())
 
 
-@task(cache_policy=NO_CACHE, retries=1, retry_delay_seconds=30, retry_condition_fn=retry_if_transient)
+@task(
+    cache_policy=NO_CACHE,
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
+    retry_condition_fn=retry_if_transient,
+)
 def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict[str, Any]:
     # The slot serialises gates across every flow on this Prefect server; the stage adds its file lock.
     with promotion_slot():
@@ -111,7 +165,7 @@ def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict
     return json.loads(summary.read_text())
 
 
-@flow(name="sentcl-retrain", log_prints=True)
+@flow(name="sentcl-retrain", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
 def retrain(
     domain_text: str,
     domain_dev: str | None = None,
@@ -123,6 +177,7 @@ def retrain(
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
+    check_inside_inbox(domain_text, trigger)
     checked = check_text(domain_text)
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
@@ -194,12 +249,21 @@ def main(argv: list[str] | None = None) -> int:
     try:
         read_domain_text(args.domain_text)
         if args.domain_dev:
+            if not Path(args.domain_dev).is_file():
+                raise DomainTextError(f"--domain-dev {args.domain_dev}: no such file")
             read_scored_pairs(args.domain_dev)
     except DomainTextError as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
     try:
-        retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps)
+        with cli_errors("retrain"):
+            check_prefect_api()
+            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps)
+    except DomainTextError as e:
+        print(f"retrain: cannot run: {e}", file=sys.stderr)
+        return 2
+    except SystemExit:
+        raise
     except Exception as e:  # the flow's own log has the traceback
         print(f"retrain: failed: {e}", file=sys.stderr)
         return 1

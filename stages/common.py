@@ -28,3 +28,9 @@ def load_params(path: Path | None = None) -> dict[str, Any]:
 def offline_hub() -> None:
     """The bundled model needs no hub; keep transformers from asking one unless the user opted in."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+# Exit codes every stage and flow uses. A flow retries a stage only on EXIT_TRANSIENT (BSD's EX_TEMPFAIL:
+# "try again later": a tracking server or lock that did not answer); never on a word in the output.
+EXIT_BAD_INPUT = 2
+EXIT_TRANSIENT = 75

@@ -97,11 +97,24 @@ def _parse_models(values: list[str]) -> tuple[dict[str, str], bool]:
     return models, True
 
 
+def not_a_model_folder(model: str | Path) -> str | None:
+    """Why an existing path cannot be a model (a file, a folder without config.json / modules.json), or
+    None. A path that does not exist may be a Hugging Face id and is left to the loader."""
+    path = Path(model)
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        return f"{model}: a file, not a model folder"
+    if not ((path / "config.json").is_file() or (path / "modules.json").is_file()):
+        return f"{model}: not a model folder (no config.json or modules.json in it)"
+    return None
+
+
 def run_pipeline(
     params: dict[str, Any], data: Path, pooling: str | None, backend: str | None
 ) -> dict[str, Any]:
     """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run."""
-    from stages.tracking import log_stage, sts_metrics
+    from sentcl_mlflow.runs import log_stage, sts_metrics
 
     settings = DEFAULTS | (params.get("evaluate") or {})
     pooling = pooling or settings["pooling"]
@@ -176,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
 
     settings = DEFAULTS | (params.get("evaluate") or {})
     models, as_mapping = _parse_models(args.model)
+    for folder in models.values():
+        problem = not_a_model_folder(folder)
+        if problem:
+            print(f"evaluate: --model {problem}", file=sys.stderr)
+            return 2
     benchmark = load_benchmark(args.data, with_dev=not args.no_dev)
     results: dict[str, Any] = {}
     for name, folder in models.items():

@@ -23,7 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stages.common import METRICS, MODELS, load_params, offline_hub
+from sentcl.registry import (
+    TAG_DOMAIN,
+    GateConfig,
+    choose_checkpoint,
+    selection_score,  # noqa: F401 (re-exported: analyses and tests rank candidates the same way)
+    weight_file_digests,
+    weights_fingerprint,
+)
+from stages.common import EXIT_BAD_INPUT, EXIT_TRANSIENT, METRICS, MODELS, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
 ONNX_TOLERANCE = 1e-4
@@ -59,40 +67,16 @@ DATA_LICENCES = [
 ]
 
 
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def weights_sha256(folder: Path) -> dict[str, str]:
-    files = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    return {p.name: sha256_file(p) for p in files}
-
-
-def selection_score(row: dict[str, Any]) -> float:
-    """STS-B dev; with a domain dev set, the mean of STS-B dev and the domain Spearman (both x 100), so a
-    retrain that helps its domain can be the candidate even when general STS dips a little."""
-    if row.get("domain_spearman") is not None:
-        return (float(row["stsb_dev"]) + float(row["domain_spearman"])) / 2
-    return float(row["stsb_dev"])
+    return weight_file_digests(folder)
 
 
 def choose(sts: dict[str, Any], folders: dict[str, Path]) -> str:
-    """The checkpoint with the best selection score among those whose folder exists; ties keep file order."""
-    scored = [
-        (selection_score(row), name)
-        for name, row in sts.items()
-        if isinstance(row, dict)
-        and row.get("stsb_dev") is not None
-        and folders.get(name, Path("/-")).exists()
-    ]
-    if not scored:
-        raise SystemExit(f"export: no checkpoint with stsb_dev and a model folder among {sorted(sts)}")
-    best = max(score for score, _ in scored)
-    return next(name for score, name in scored if score == best)
+    """The checkpoint with the best selection score among those whose folder exists (sentcl.registry)."""
+    try:
+        return choose_checkpoint(sts, {name for name, folder in folders.items() if folder.exists()})
+    except LookupError as e:
+        raise SystemExit(f"export: {e}") from None
 
 
 def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
@@ -238,14 +222,14 @@ def build_release(
     params: dict[str, Any],
     beat_init: bool,
 ) -> dict[str, Any]:
-    from stages import tracking
+    from sentcl_mlflow import registry, store
 
     if output.exists():
         shutil.rmtree(output)
     shutil.copytree(source, output, ignore=shutil.ignore_patterns("onnx", "checkpoint-*", "*.pt"))
-    settings = tracking.registry_params(params)
+    config = GateConfig.from_params(params)
     info: dict[str, Any] = {
-        "model_name": settings["model_name"],
+        "model_name": registry.target_model_name(config),
         "checkpoint": checkpoint,
         "source": str(source),
         "candidates": list(sts),
@@ -253,11 +237,12 @@ def build_release(
         "sts_all": {k: float(v) for k, v in (sts[checkpoint].get("all") or {}).items()},
         "beat_init": beat_init,
         "weights_sha256": weights_sha256(output),
-        "git_commit": tracking.git_commit(),
-        "git_dirty": tracking.git_dirty(),
+        "git_commit": store.git_commit(),
+        "git_dirty": store.git_dirty(),
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
-    info["onnx"] = export_onnx(output, int(params.get("model", {}).get("max_length", 64)))
+    info["weights_fingerprint"] = weights_fingerprint(info["weights_sha256"])
+    info["onnx"] = export_onnx(output, int(params["model"]["max_length"]))
     (output / "README.md").write_text(model_card(info, params, sts[checkpoint]))
     (output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -283,31 +268,42 @@ def log_and_register(
     tags: dict[str, str],
     gate: bool,
     domain: dict[str, Any] | None = None,
+    actor: str | None = None,
 ) -> dict[str, Any]:
-    """One MLflow run `export` with the folder as a pyfunc model; then a `challenger` version and the gate."""
+    """Register the folder as ``challenger`` and run the gate, as one unit under the promotion lease.
+
+    The MLflow run `export` (the folder as a pyfunc model) is logged only when no version of the model holds
+    these weights yet (same sha256): the same weights are never registered twice, whoever retries.
+    """
     from sentence_transformers import SentenceTransformer
 
-    from stages import tracking
+    from sentcl_mlflow import registry, runs
 
-    example_vectors = SentenceTransformer(str(output), device="cpu").encode(INPUT_EXAMPLE)
-    metrics = tracking.sts_metrics(sts_row)
-    metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+    timings: dict[str, float] = {}
+
+    def log_model() -> tuple[str, str]:
+        started = time.time()
+        example_vectors = SentenceTransformer(str(output), device="cpu").encode(INPUT_EXAMPLE)
+        metrics = runs.sts_metrics(sts_row)
+        metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+        run_id, model_uri = runs.log_pyfunc_run(
+            "export",
+            params,
+            metrics,
+            model_file=Path(__file__).with_name("pyfunc_encoder.py"),
+            artifacts={"encoder": output},
+            input_example=INPUT_EXAMPLE,
+            example_output=example_vectors,
+            pip_requirements=_pip_requirements(),
+            inputs=inputs,
+            tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+        )
+        timings["seconds_log_model"] = round(time.time() - started, 2)
+        return model_uri, run_id
+
     started = time.time()
-    run_id, model_uri = tracking.log_pyfunc_run(
-        "export",
-        params,
-        metrics,
-        model_file=Path(__file__).with_name("pyfunc_encoder.py"),
-        artifacts={"encoder": output},
-        input_example=INPUT_EXAMPLE,
-        example_output=example_vectors,
-        pip_requirements=_pip_requirements(),
-        inputs=inputs,
-        tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
-    )
-    logged = time.time()
-    version = tracking.register_candidate(
-        model_uri,
+    outcome = registry.register_and_gate(
+        log_model,
         info["stsb_dev"],
         info["sts_all"],
         name=info["model_name"],
@@ -317,29 +313,28 @@ def log_and_register(
             "trained_beat_init": str(info.get("trained_beat_init", False)).lower(),
             "weights_sha256": json.dumps(info["weights_sha256"]),
             **(
-                {tracking.TAG_DOMAIN: f"{sts_row['domain_spearman']:.6f}"}
+                {TAG_DOMAIN: f"{sts_row['domain_spearman']:.6f}"}
                 if sts_row.get("domain_spearman") is not None
                 else {}
             ),
-            "run_id": run_id,
             **{k: v for k, v in tags.items() if not k.startswith("mlflow.")},
         },
-        run_id=run_id,
+        weights_sha256=info["weights_fingerprint"],
+        gate=gate,
+        actor=actor,
+        params=params,
+        domain=domain,
     )
-    registered = time.time()
     result: dict[str, Any] = {
-        "run_id": run_id,
-        "model_uri": model_uri,
-        "version": version,
-        "seconds_log_model": round(logged - started, 2),
-        "seconds_register": round(registered - logged, 2),
+        **outcome,
+        **timings,
+        "seconds_register_and_gate": round(time.time() - started - timings.get("seconds_log_model", 0), 2),
     }
+    verb = "registered" if outcome["created"] else "found"
     print(
-        f"export: registered {info['model_name']} version {version} as challenger ({info['checkpoint']}); "
-        f"log_model {result['seconds_log_model']}s, register+alias {result['seconds_register']}s"
+        f"export: {verb} {info['model_name']} version {outcome['version']} as challenger "
+        f"({info['checkpoint']}); register+gate {result['seconds_register_and_gate']}s"
     )
-    if gate:
-        result["gate"] = tracking.promote(info["model_name"], version=version, params=params, domain=domain)
     return result
 
 
@@ -392,23 +387,28 @@ def main(argv: list[str] | None = None) -> int:
         help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); its domain score "
         "is the champion's in the gate",
     )
+    parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
     args = parser.parse_args(argv)
     offline_hub()
 
-    from stages import tracking
+    from sentcl.domain import DomainTextError, read_scored_pairs
+    from sentcl_mlflow import store
 
     params = load_params()
-    if not args.no_register and tracking.tracking_enabled():
-        tracking.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
+    GateConfig.from_params(params)  # a wrong registry section stops the stage before any work
+    register = not args.no_register and store.tracking_enabled()
+    if register:
+        store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
     sts = json.loads(args.sts.read_text())
     folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
     domain: dict[str, Any] | None = None
     tags = dict(value.partition("=")[::2] for value in args.tag)
     if args.domain_dev:
-        from sentcl.domain import read_scored_pairs
-
-        pairs = read_scored_pairs(args.domain_dev)
-        max_length = int(params.get("model", {}).get("max_length", 64))
+        try:
+            pairs = read_scored_pairs(args.domain_dev)
+        except DomainTextError as e:
+            raise BadInput(f"--domain-dev: {e}") from None
+        max_length = int(params["model"]["max_length"])
         for name, row in sts.items():
             if folders.get(name, Path("/-")).exists():
                 row["domain_spearman"] = domain_spearman(folders[name], pairs, max_length)
@@ -425,29 +425,62 @@ def main(argv: list[str] | None = None) -> int:
     beat_init, any_beat = _beat_init(checkpoint, args.train_metrics)
     info = build_release(checkpoint, folders[checkpoint], args.output, sts, params, beat_init)
     info["trained_beat_init"] = any_beat
+    info["sts_row"] = sts[checkpoint]
+    (args.output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"export: {checkpoint} (stsb_dev {info['stsb_dev']:.2f}) -> {args.output}")
     summary = {k: info[k] for k in ("checkpoint", "stsb_dev", "beat_init", "trained_beat_init")}
     summary["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+    summary["weights_sha256"] = info["weights_fingerprint"]
     if "domain_spearman" in sts[checkpoint]:
         summary["domain_spearman"] = sts[checkpoint]["domain_spearman"]
-    if not args.no_register and tracking.tracking_enabled():
+    if register:
         inputs = [args.sts, folders[checkpoint]] + ([args.domain_dev] if args.domain_dev else [])
         result = log_and_register(
-            args.output, info, params, sts[checkpoint], inputs, tags, not args.no_gate, domain
+            args.output, info, params, sts[checkpoint], inputs, tags, not args.no_gate, domain, args.by
         )
-        summary["registered_version"] = result["version"]
-        if "gate" in result:
-            summary["gate"] = {k: result["gate"][k] for k in ("decision", "reasons", "champion_after")}
+        summary.update(registry_summary(result))
     args.summary.parent.mkdir(parents=True, exist_ok=True)
     args.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return 0
 
 
-if __name__ == "__main__":
-    from stages.tracking import TrackingUnavailableError
+def registry_summary(result: dict[str, Any]) -> dict[str, Any]:
+    summary: dict[str, Any] = {
+        "registered_model": result["model"],
+        "registered_version": result["version"],
+        "new_version": result["created"],
+    }
+    if "gate" in result:
+        summary["gate"] = {k: result["gate"][k] for k in ("decision", "reasons", "champion_after")}
+    return summary
+
+
+class BadInput(Exception):
+    """Input a person must fix: one line, exit 2."""
+
+
+def run_cli(name: str, main_fn) -> int:  # noqa: ANN001
+    """One line and a typed exit code instead of a traceback for what a person or a flow acts on."""
+    from sentcl.registry import RegistryConfigError
+    from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:
-        sys.exit(main())
-    except TrackingUnavailableError as e:
-        print(f"export: {e}", file=sys.stderr)
-        sys.exit(1)
+        return main_fn()
+    except (TrackingUnavailableError, PromotionLockTimeout) as e:
+        print(f"{name}: {e} (transient: exit {EXIT_TRANSIENT}, try again)", file=sys.stderr)
+        return EXIT_TRANSIENT
+    except (
+        BadInput,
+        RegistryConfigError,
+        TrackingAuthError,
+        NoChampionError,
+        WeightsMismatchError,
+        FileNotFoundError,
+    ) as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli("export", main))

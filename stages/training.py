@@ -24,8 +24,8 @@ from sentcl.encoder import Encoder
 from sentcl.losses import NLI_LABEL_IDS
 from sentcl.senteval import consert_corpus
 from sentcl.train import ConfigError, TrainConfig, Trainer, dist_info
+from sentcl_mlflow.runs import log_stage, preflight
 from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub
-from stages.tracking import log_stage, preflight
 
 log = logging.getLogger("stages.training")
 

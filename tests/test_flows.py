@@ -6,6 +6,7 @@ a scratch MLflow store under the server-wide concurrency limit; the watcher emit
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from stages import tracking
+from sentcl_mlflow import registry, store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -34,7 +35,7 @@ def scratch_store(tmp_path, monkeypatch):
 
 @pytest.fixture
 def dvc_repo(tmp_path):
-    """A scratch git + DVC repository with two stages; the second fails once with a transient-looking error."""
+    """A scratch git + DVC repository with two stages; the second fails once with the transient exit code."""
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -42,7 +43,7 @@ def dvc_repo(tmp_path):
     flaky = (
         "import pathlib,sys; c=pathlib.Path('attempts'); n=int(c.read_text()) if c.exists() else 0; "
         "c.write_text(str(n+1)); "
-        "sys.exit('ConnectionError: connection refused') if n == 0 else pathlib.Path('b.txt').write_text('b')"
+        "sys.exit(75) if n == 0 else pathlib.Path('b.txt').write_text('b')"
     )
     (repo / "flaky.py").write_text(flaky)
     (repo / "dvc.yaml").write_text(
@@ -66,10 +67,12 @@ def test_pipeline_runs_dvc_stages_retries_transient_failures_and_lets_dvc_skip(p
 
 
 def test_pipeline_does_not_retry_a_real_failure(prefect_server, dvc_repo):
+    """Exit 3 with "connection refused" in its output: a word in the output is no reason to retry."""
     from flows.pipeline import pipeline
 
     (dvc_repo / "flaky.py").write_text(
-        "import sys, pathlib\npathlib.Path('attempts').write_text('x')\nsys.exit(3)\n"
+        "import sys, pathlib\npathlib.Path('attempts').write_text('x')\n"
+        "print('ConnectionError: connection refused; timed out')\nsys.exit(3)\n"
     )
     state = pipeline(repo=str(dvc_repo), retry_delay_s=0, return_state=True)
     assert state.is_failed()
@@ -82,13 +85,13 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
     from flows.common import PROMOTION_LIMIT
     from flows.promote import promote_flow
 
-    mlc = tracking.client()
-    run_id = mlc.create_run(tracking.experiment_id(mlc)).info.run_id
+    mlc = store.client()
+    run_id = mlc.create_run(store.experiment_id(mlc)).info.run_id
     (scratch_store / "m").mkdir()
     (scratch_store / "m" / "w.bin").write_bytes(b"w")
     mlc.log_artifacts(run_id, str(scratch_store / "m"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    tracking.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
+    registry.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
     result = promote_flow(actor="ci", model="flow-test")
     assert result["promoted"] and result["champion_after"] == "1"
     with get_client(sync_client=True) as client:
@@ -133,3 +136,149 @@ def test_retrain_refuses_bad_text_before_training(tmp_path, capsys, content, mes
     text.write_bytes(content)
     assert main(["--domain-text", str(text)]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_hung_stage_times_out_and_fails_its_run(prefect_server, dvc_repo):
+    """A stage that never ends is stopped at its timeout (its whole process group) and the run fails,
+    without retries (a timeout is not transient)."""
+    from flows.pipeline import pipeline
+
+    (dvc_repo / "flaky.py").write_text(
+        "import pathlib, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])\n"
+        "pathlib.Path('child.pid').write_text(str(child.pid))\n"
+        "n = int(pathlib.Path('attempts').read_text()) if pathlib.Path('attempts').exists() else 0\n"
+        "pathlib.Path('attempts').write_text(str(n + 1))\n"
+        "time.sleep(300)\n"
+    )
+    started = time.monotonic()
+    state = pipeline(repo=str(dvc_repo), retry_delay_s=0, stage_timeout_s=15, return_state=True)
+    assert state.is_failed()
+    assert time.monotonic() - started < 120
+    assert (dvc_repo / "attempts").read_text() == "1"
+    child = int((dvc_repo / "child.pid").read_text())
+    deadline = time.monotonic() + 15
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)  # (reaped by init once its group is killed)
+    status = Path(f"/proc/{child}/status")
+    assert not status.exists() or "zombie" in status.read_text(), "the stage's child outlived the timeout"
+
+
+def test_run_stage_classifies_by_exit_code_only(tmp_path):
+    from flows.common import StageFailed, run_stage
+
+    with pytest.raises(StageFailed) as transient:
+        run_stage([sys.executable, "-c", "import sys; sys.exit(75)"], cwd=tmp_path, timeout_s=60)
+    assert transient.value.transient
+    with pytest.raises(StageFailed) as real:
+        run_stage(
+            [sys.executable, "-c", "print('connection refused, timed out'); raise SystemExit(1)"],
+            cwd=tmp_path,
+            timeout_s=60,
+        )
+    assert not real.value.transient
+    with pytest.raises(StageFailed) as hung:
+        run_stage([sys.executable, "-c", "import time; time.sleep(60)"], cwd=tmp_path, timeout_s=1)
+    assert hung.value.timed_out and not hung.value.transient
+
+
+def test_event_triggered_retrain_reads_only_inside_the_inbox(tmp_path, monkeypatch):
+    from flows.retrain import check_inside_inbox
+    from sentcl.domain import DomainTextError
+
+    box = tmp_path / "inbox"
+    box.mkdir()
+    (box / "ok.txt").write_text("a\nb\n")
+    monkeypatch.setenv("SENTCL_INBOX", str(box))
+    check_inside_inbox(str(box / "ok.txt"), "event")
+    check_inside_inbox(str(box), "schedule")
+    for outside in ("/etc/passwd", str(box / ".." / "secret.txt"), str(tmp_path)):
+        with pytest.raises(DomainTextError, match="outside the inbox"):
+            check_inside_inbox(outside, "event")
+    check_inside_inbox("/etc/hostname", "manual")  # a person at the CLI names what they like
+
+
+def test_retrain_flow_refuses_an_event_path_outside_the_inbox(prefect_server, tmp_path, monkeypatch):
+    from flows.retrain import retrain
+
+    monkeypatch.setenv("SENTCL_INBOX", str(tmp_path / "inbox"))
+    (tmp_path / "elsewhere.txt").write_text("one sentence\nanother sentence\n")
+    state = retrain(str(tmp_path / "elsewhere.txt"), trigger="event", return_state=True)
+    assert state.is_failed()
+    with pytest.raises(Exception, match="outside the inbox"):
+        state.result()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--domain-dev", "missing.tsv"], "--domain-dev missing.tsv: no such file"),
+        (["--domain-dev", "bad.tsv"], "expected sentence1"),
+    ],
+)
+def test_retrain_refuses_a_missing_or_malformed_domain_dev_in_one_line(
+    tmp_path, monkeypatch, capsys, args, message
+):
+    from flows.retrain import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    (tmp_path / "bad.tsv").write_text("only\ttwo\n")
+    assert main(["--domain-text", "text.txt", *args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_promote_with_prefect_down_is_one_line_exit_2(tmp_path):
+    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api"}
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.promote"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "Prefect API" in out.stderr and "unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_promote_with_mlflow_down_is_one_line_exit_2(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        MLFLOW_TRACKING_URI=f"http://127.0.0.1:{_free_port()}",
+        SENTCL_MLFLOW_CONNECT_TIMEOUT_S="0.5",
+        SENTCL_MLFLOW_CONNECT_ATTEMPTS="1",
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.promote"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_rollback_without_a_champion_is_one_line_exit_2(scratch_store):
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "--rollback", "--model", "nothing-here"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "no champion" in out.stderr and "Traceback" not in out.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from importlib import import_module
@@ -78,9 +79,9 @@ def test_compose_stack_has_postgres_prefect_mlflow_s3_and_a_gpu_worker():
     assert services["gpu-worker"]["build"]["dockerfile"] == "infra/Dockerfile"
     devices = services["gpu-worker"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
-    for name, service in services.items():  # published ports stay on loopback
+    for name, service in services.items():  # published on loopback unless the team names an address
         for port in service.get("ports", []):
-            assert str(port).startswith("127.0.0.1:"), (name, port)
+            assert str(port).startswith(("127.0.0.1:", "${SENTCL_BIND_ADDRESS:-127.0.0.1}:")), (name, port)
     dockerfile = (INFRA / "Dockerfile").read_text()
     assert "AS worker" in dockerfile and "AS mlflow" in dockerfile
 
@@ -125,10 +126,146 @@ def test_dvc_remotes_local_default_and_shared_s3():
 
 
 def test_serve_and_stop_scripts_bind_loopback_only():
-    serve = (INFRA / "serve.sh").read_text()
+    serve = (INFRA / "serve.sh").read_text() + (INFRA / "mlflow-server.sh").read_text()
     assert "0.0.0.0" not in serve
-    assert serve.count("--host 127.0.0.1") == 2
+    assert (
+        'PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"' in serve and 'HOST="${MLFLOW_HOST:-127.0.0.1}"' in serve
+    )
     assert "kill" in (INFRA / "stop.sh").read_text() and ".pid" in (INFRA / "stop.sh").read_text()
+
+
+# ------------------------------------------------------------------------------ security, statically
+
+
+def _compose_text() -> str:
+    return (INFRA / "docker-compose.yml").read_text()
+
+
+def test_every_compose_secret_is_required_never_defaulted():
+    text = _compose_text()
+    for match in re.finditer(r"(?<!\$)\$\{(\w+)(:?[-?])?([^}]*)\}", text):  # $${X}: the container's shell
+        name, op = match.group(1), match.group(2)
+        if re.search(r"PASSWORD|SECRET|AUTH_STRING|ACCESS_KEY|_KEY$", name) and name not in (
+            "SENTCL_TEAM_PASSWORD",  # optional account: empty means none is created
+        ):
+            assert op == ":?", f"{match.group(0)} must be ${{{name}:?...}}: no default password"
+    assert "change-me" not in text.lower()
+
+
+def test_minio_root_is_not_the_applications_key():
+    services = load("docker-compose.yml")["services"]
+    minio = services["minio"]["environment"]
+    assert "MINIO_ROOT_USER" in minio["MINIO_ROOT_USER"] and "S3_ACCESS_KEY" not in minio["MINIO_ROOT_USER"]
+    for name in ("mlflow", "gpu-worker"):
+        assert "S3_ACCESS_KEY" in services[name]["environment"]["AWS_ACCESS_KEY_ID"]
+
+
+def test_compose_servers_ask_for_credentials_and_take_allowed_hosts_from_the_environment():
+    services = load("docker-compose.yml")["services"]
+    mlflow = services["mlflow"]
+    assert "--app-name basic-auth" in mlflow["command"]
+    assert (
+        "MLFLOW_ALLOWED_HOSTS" in mlflow["command"]
+        and "MLFLOW_ALLOWED_HOSTS:?" in mlflow["environment"]["MLFLOW_ALLOWED_HOSTS"]
+    )
+    prefect = services["prefect-server"]["environment"]
+    assert "PREFECT_AUTH_STRING:?" in prefect["PREFECT_SERVER_API_AUTH_STRING"]
+    assert prefect["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
+    assert "PREFECT_UI_ORIGIN" in prefect["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"]
+    worker = services["gpu-worker"]["environment"]
+    assert "PREFECT_AUTH_STRING" in worker["PREFECT_API_AUTH_STRING"]
+    assert "SENTCL_GATE_PASSWORD" in worker["MLFLOW_TRACKING_PASSWORD"]
+    assert "sentcl_mlflow.auth setup" in services["mlflow-setup"]["command"]
+
+
+def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images():
+    example = (ROOT / ".env.example").read_text()
+    names = set(re.findall(r"\$\{(\w+):\?", _compose_text())) | {
+        "PREFECT_AUTH_STRING",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "SENTCL_GATE_PASSWORD",
+    }
+    for name in names:
+        assert re.search(rf"^{name}=", example, re.M), f".env.example lacks {name}"
+    ignored = subprocess.run(
+        ["git", "check-ignore", ".env", "infra/.env"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert ignored.stdout.split() == [".env", "infra/.env"]
+    dockerignore = (ROOT / ".dockerignore").read_text().split()
+    for entry in (".dvc/cache", ".dvc/config.local", ".env", "mlflow.db*", "mlartifacts"):
+        assert entry in dockerignore, entry
+
+
+def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_auth():
+    serve = (INFRA / "serve.sh").read_text()
+    for name in (
+        "PREFECT_AUTH_STRING",
+        "MLFLOW_AUTH_ADMIN_PASSWORD",
+        "MLFLOW_FLASK_SERVER_SECRET_KEY",
+        "SENTCL_GATE_PASSWORD",
+    ):
+        assert f"${{{name}:?" in serve, name
+    assert (
+        "PREFECT_SERVER_API_AUTH_STRING=" in serve and "PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true" in serve
+    )
+    assert "--app-name basic-auth" in (INFRA / "mlflow-server.sh").read_text()
+    # The worker and its flow runs use the HTTP server as the gate, not the sqlite file behind it.
+    assert 'export MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER"' in serve
+
+
+def test_worker_image_has_python_3_11():
+    dockerfile = (INFRA / "Dockerfile").read_text()
+    bases = dict(
+        (m.group(2), m.group(1)) for m in re.finditer(r"^FROM\s+(\S+)\s+AS\s+(\w+)", dockerfile, re.M)
+    )
+    for target in ("worker", "mlflow"):
+        assert re.match(r"python:3\.11(\.\d+)?-", bases[target]), (target, bases[target])
+    assert (
+        "apt-get install" not in dockerfile
+        or "python3.11" not in dockerfile.split("apt-get install")[1].split("\n")[0]
+    )
+
+
+def test_kubernetes_job_mounts_the_inbox_the_k8s_retrain_reads():
+    template = json.loads((INFRA / "k8s" / "base-job-template.json").read_text())
+    spec = template["job_configuration"]["job_manifest"]["spec"]["template"]["spec"]
+    mounts = {m["name"]: m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    retrain_k8s = next(d for d in load("prefect.yaml")["deployments"] if d["name"] == "retrain-k8s")
+    inbox = retrain_k8s["parameters"]["domain_text"]
+    name = next(n for n, path in mounts.items() if inbox == path or inbox.startswith(path + "/"))
+    assert "persistentVolumeClaim" in volumes[name]
+    assert retrain_k8s["work_pool"]["job_variables"]["env"]["SENTCL_INBOX"] == inbox
+
+
+def test_make_stop_leaves_a_reused_pid_alone(tmp_path):
+    """A PID from .run/ that now belongs to another process (the PID was reused) is not signalled."""
+    import os
+    import sys
+
+    run = tmp_path / "run"
+    run.mkdir()
+    stranger = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run / "worker.pid").write_text(str(stranger.pid))
+        (run / "worker.cmdline").write_text(
+            "/opt/venv/bin/python /opt/venv/bin/prefect worker start --pool x "
+        )
+        out = subprocess.run(
+            ["bash", "infra/stop.sh"],
+            cwd=ROOT,
+            env={**os.environ, "SENTCL_RUN_DIR": str(run)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert out.returncode == 0, out.stderr
+        assert f"worker (pid {stranger.pid}) now runs" in out.stdout and "PID reused" in out.stdout
+        assert stranger.poll() is None  # alive: never signalled
+    finally:
+        stranger.kill()
+        stranger.wait(10)
 
 
 def _free_port() -> int:
@@ -149,7 +286,22 @@ def _answers(url: str) -> bool:
         return False
 
 
-def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
+def _csrf_headers(port: int, auth: str) -> dict[str, str]:
+    """Prefect's CSRF protection is on under make serve: a state-changing request (POST, filters too)
+    carries a token fetched for a client id, as Prefect's own client does."""
+    import urllib.request
+
+    if not auth:
+        return {}
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/csrf-token?client=sentcl-test", headers={"Authorization": auth}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        token = json.load(response)["token"]
+    return {"Authorization": auth, "Prefect-Csrf-Token": token, "Prefect-Csrf-Client": "sentcl-test"}
+
+
+def _wait_for_event_run(port: int, deadline_s: float, auth: str = "") -> list[dict]:
     import time
     import urllib.request
 
@@ -159,7 +311,7 @@ def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
         request = urllib.request.Request(
             f"http://127.0.0.1:{port}/api/flow_runs/filter",
             data=json.dumps(body).encode(),
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **_csrf_headers(port, auth)},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             runs = [r for r in json.load(response) if r["parameters"].get("trigger") == "event"]
@@ -171,8 +323,10 @@ def _wait_for_event_run(port: int, deadline_s: float) -> list[dict]:
 
 @pytest.mark.slow
 def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_path):
+    import base64
     import os
     import sys
+    import urllib.error
     import urllib.request
 
     prefect_port, mlflow_port = _free_port(), _free_port()
@@ -180,28 +334,46 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         os.environ,
         VENV=str(Path(sys.executable).parent.parent),
         SENTCL_RUN_DIR=str(tmp_path / "run"),
+        SENTCL_ENV_FILE=str(tmp_path / "no.env"),
         PREFECT_HOME=str(tmp_path / "prefect"),
         PREFECT_PORT=str(prefect_port),
         MLFLOW_PORT=str(mlflow_port),
-        MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
         SENTCL_INBOX=str(tmp_path / "inbox"),
+        PREFECT_AUTH_STRING="admin:serve-test-secret",
+        MLFLOW_AUTH_ADMIN_PASSWORD="serve-test-admin-1",
+        MLFLOW_FLASK_SERVER_SECRET_KEY="serve-test-flask",
+        SENTCL_GATE_PASSWORD="serve-test-gate-1",
     )
+    env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("PREFECT_API_URL", None)
     pids: dict[str, int] = {}
     try:
         serve = subprocess.run(
-            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
         )
         assert serve.returncode == 0, serve.stdout + serve.stderr
         assert "serve: ready" in serve.stdout
         pids = {p.stem: int(p.read_text()) for p in (tmp_path / "run").glob("*.pid")}
-        assert set(pids) == {"prefect-server", "mlflow-ui", "worker", "watcher"}
-        assert _answers(f"http://127.0.0.1:{prefect_port}/api/health")
+        assert set(pids) == {"prefect-server", "mlflow-server", "worker", "watcher"}
         assert _answers(f"http://127.0.0.1:{mlflow_port}/health")
+        auth = "Basic " + base64.b64encode(b"admin:serve-test-secret").decode()
+        # Both servers refuse a request without credentials.
+        for url in (
+            f"http://127.0.0.1:{prefect_port}/api/admin/version",
+            f"http://127.0.0.1:{mlflow_port}/api/2.0/mlflow/experiments/search?max_results=1",
+        ):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                urllib.request.urlopen(url, timeout=10)
+            assert refused.value.code == 401, url
+        # The worker runs as the gate's account against the HTTP server, not the sqlite file.
+        worker_env = Path(f"/proc/{pids['worker']}/environ").read_bytes().split(b"\0")
+        assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}".encode() in worker_env
+        assert b"MLFLOW_TRACKING_USERNAME=sentcl-gate" in worker_env
         request = urllib.request.Request(
             f"http://127.0.0.1:{prefect_port}/api/deployments/filter",
             data=b"{}",
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **_csrf_headers(prefect_port, auth)},
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             deployments = {d["name"]: d for d in json.load(response)}
@@ -211,7 +383,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         # A file landing in the inbox: watcher event -> deployment trigger -> worker -> a retrain flow run,
         # which refuses all-duplicate text before training (so the test stays short and changes nothing).
         (tmp_path / "inbox" / "dupes.txt").write_text("same line\nsame line\n")
-        runs = _wait_for_event_run(prefect_port, deadline_s=120)
+        runs = _wait_for_event_run(prefect_port, deadline_s=120, auth=auth)
         assert runs and runs[0]["state_type"] == "FAILED", runs
         assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
     finally:

@@ -14,13 +14,14 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from stages import tracking
+from sentcl_mlflow import registry, store
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -134,14 +135,14 @@ def fast_registry(mlflow_server, tmp_path_factory):
     """Version 1 of ``sentcl-test``, champion (the first model ever registered)."""
     folder = tmp_path_factory.mktemp("fake-model")
     (folder / "weights.bin").write_bytes(b"weights")
-    mlc = tracking.client()
-    run_id = mlc.create_run(tracking.experiment_id(mlc), run_name="fast-registry").info.run_id
+    mlc = store.client()
+    run_id = mlc.create_run(store.experiment_id(mlc), run_name="fast-registry").info.run_id
     mlc.log_artifacts(run_id, str(folder), "model")
     mlc.set_terminated(run_id)
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     started = time.monotonic()
-    version = tracking.register_candidate(source, 62.0, PLUS1, name=FAST, run_id=run_id)
-    result = tracking.promote(FAST, version=version)
+    version = registry.register_candidate(source, 62.0, PLUS1, name=FAST, run_id=run_id)
+    result = registry.promote(FAST, version=version)
     assert result["promoted"] and "first model" in result["reasons"][0]
     return {"source": source, "run_id": run_id, "seconds": time.monotonic() - started}
 
@@ -149,15 +150,21 @@ def fast_registry(mlflow_server, tmp_path_factory):
 PLUS1 = {k: v + 1 for k, v in TABLE.items()}
 
 
-def add_version(registry: dict, stsb_dev: float, table: dict[str, float]) -> str:
-    return tracking.register_candidate(
-        registry["source"], stsb_dev, table, name=FAST, tags={"checkpoint": "test"}, run_id=registry["run_id"]
+def add_version(fixture: dict, stsb_dev: float, table: dict[str, float], weights: str | None = None) -> str:
+    return registry.register_candidate(
+        fixture["source"],
+        stsb_dev,
+        table,
+        name=FAST,
+        tags={"checkpoint": "test"},
+        run_id=fixture["run_id"],
+        weights_sha256=weights,
     )
 
 
 @pytest.mark.slow
 def test_export_registers_first_champion_with_card_and_onnx(exported):
-    mlc = tracking.client()
+    mlc = store.client()
     summary = exported["summary"]
     assert summary["checkpoint"] == "transfer-base"
     assert summary["beat_init"] is True
@@ -213,7 +220,7 @@ def test_embed_file_with_the_champion(exported, tmp_path):
 
 
 def test_first_model_is_champion_and_challenger(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     assert champion(mlc, FAST) == "1"
     assert str(mlc.get_model_version_by_alias(FAST, "challenger").version) == "1"
     tags = mlc.get_model_version(FAST, "1").tags
@@ -222,22 +229,22 @@ def test_first_model_is_champion_and_challenger(fast_registry):
 
 
 def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     before = champion(mlc, FAST)
     worse = add_version(fast_registry, 61.0, PLUS1)
-    assert tracking.promote(FAST)["decision"] == "rejected"
+    assert registry.promote(FAST)["decision"] == "rejected"
     assert champion(mlc, FAST) == before
     assert mlc.get_model_version(FAST, worse).tags["gate.decision"] == "rejected"
     assert "min_delta" in mlc.get_model_version(FAST, worse).tags["gate.reasons"]
 
     add_version(fast_registry, 70.0, {**PLUS1, "STS13": PLUS1["STS13"] - 3})
-    result = tracking.promote(FAST)
+    result = registry.promote(FAST)
     assert not result["promoted"] and any("STS13 drops 3.00" in r for r in result["reasons"])
     assert champion(mlc, FAST) == before
 
     started = time.monotonic()
     better = add_version(fast_registry, 70.0, PLUS1)
-    result = tracking.promote(FAST)
+    result = registry.promote(FAST)
     seconds = time.monotonic() - started
     assert result["promoted"], result
     assert champion(mlc, FAST) == better
@@ -246,12 +253,12 @@ def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
 
 
 def test_rollback_restores_the_previous_champion_and_says_who(fast_registry):
-    mlc = tracking.client()
+    mlc = store.client()
     current = champion(mlc, FAST)
     add_version(fast_registry, 90.0, PLUS1)
-    newest = tracking.promote(FAST)["version"]
+    newest = registry.promote(FAST)["version"]
     assert champion(mlc, FAST) == newest
-    tracking.rollback(FAST, actor="alice", reason="bad on tickets")
+    registry.rollback(FAST, actor="alice", reason="bad on tickets")
     assert champion(mlc, FAST) == current
     tags = mlc.get_model_version(FAST, newest).tags
     assert tags["rolled_back_by"] == "alice" and tags["rolled_back_reason"] == "bad on tickets"
@@ -263,7 +270,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
     exactly one wins, because the second gate re-reads the champion after the lock and sees no gain."""
     import threading
 
-    mlc = tracking.client()
+    mlc = store.client()
     table = {k: v + 5 for k, v in TABLE.items()}
     a = add_version(fast_registry, 95.0, table)
     b = add_version(fast_registry, 95.0, table)
@@ -272,7 +279,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 
     def gate(version: str) -> None:
         barrier.wait()
-        results[version] = tracking.promote(FAST, version=version)
+        results[version] = registry.promote(FAST, version=version)
 
     threads = [threading.Thread(target=gate, args=(v,)) for v in (a, b)]
     for t in threads:
@@ -287,7 +294,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 @pytest.mark.slow
 def test_promote_cli_gates_and_rolls_back(fast_registry):
     """`python -m flows.promote` without a Prefect server: the gate under the file lock, in its own process."""
-    mlc = tracking.client()
+    mlc = store.client()
     before = champion(mlc, FAST)
     version = add_version(fast_registry, 99.0, {k: v + 9 for k, v in TABLE.items()})
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
@@ -313,7 +320,7 @@ def test_failed_export_leaves_registry_untouched(exported, tmp_path):
     """A run that fails (here: a checkpoint folder without weights) never registers and never moves aliases."""
     from stages import export
 
-    mlc = tracking.client()
+    mlc = store.client()
     before = (versions(mlc), champion(mlc))
     broken = tmp_path / "broken"
     broken.mkdir()
@@ -329,7 +336,7 @@ def test_failed_export_leaves_registry_untouched(exported, tmp_path):
 
 @pytest.mark.slow
 def test_export_against_a_dead_server_fails_fast_and_registers_nothing(exported, tmp_path):
-    mlc = tracking.client()
+    mlc = store.client()
     before = versions(mlc)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -391,7 +398,185 @@ def test_mlflow_models_serve_answers_embedding_requests(exported):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(30)
-    champion_version = tracking.client().get_model_version_by_alias(NAME, "champion")
+    champion_version = store.client().get_model_version_by_alias(NAME, "champion")
     assert champion_version.tags["checkpoint"] == "transfer-base"
     expected = SentenceTransformer(str(exported["release"])).encode(["a sentence", "another one"])
     np.testing.assert_allclose(predictions, expected, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------ promotion that sticks
+
+
+def test_rollback_sticks_against_the_gate_and_against_the_same_weights(fast_registry):
+    """After a rollback, gating the demoted version (it was still `challenger` before this fix) and
+    re-registering its weights both leave the restored champion in place."""
+    mlc = store.client()
+    restored = champion(mlc, FAST)
+    bad = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)
+    assert registry.promote(FAST)["promoted"]
+    registry.rollback(FAST, actor="carol", reason="worse on tickets")
+    assert champion(mlc, FAST) == restored
+    tags = mlc.get_model_version(FAST, bad).tags
+    assert tags["rolled_back"] == "true" and tags["rolled_back_by"] == "carol"
+    with pytest.raises(Exception):  # noqa: B017 (the alias is gone: MLflow says so in its own words)
+        mlc.get_model_version_by_alias(FAST, "challenger")
+
+    result = registry.promote(FAST, version=bad)  # the gate run again on the demoted version
+    assert not result["promoted"] and "rolled back" in result["reasons"][0]
+    assert champion(mlc, FAST) == restored
+
+    before = versions(mlc, FAST)
+    again = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)  # a retrain that lands on them again
+    assert again == bad and versions(mlc, FAST) == before  # same weights: no second version
+    assert not registry.promote(FAST, version=again)["promoted"]
+    assert champion(mlc, FAST) == restored
+
+    with pytest.raises(ValueError, match="--by"):
+        registry.promote(FAST, version=bad, force=True)
+    forced = registry.promote(FAST, version=bad, actor="dave", force=True)
+    assert forced["promoted"] and "forced by dave" in forced["reasons"]
+    assert mlc.get_model_version(FAST, bad).tags["gate.forced_by"] == "dave"
+    registry.rollback(FAST, actor="dave", reason="undo the forced promotion")
+    assert champion(mlc, FAST) == restored
+
+
+KILLED_REGISTRATION = """
+import sys, time
+from sentcl_mlflow import registry, store
+name, source, run_id = sys.argv[1:4]
+mlc = store.client()
+with registry.promotion_lock(name, mlc=mlc, lease_s=3):
+    version, _ = registry._register_locked(
+        mlc, name, source, 500.0, {"STS12": 99.0}, "e" * 64, None, run_id)
+    print("registered", version, flush=True)
+    time.sleep(600)  # killed here: after the version exists, before the gate and the `ready` mark
+"""
+
+
+def test_a_kill_between_registration_and_gate_leaves_no_promotable_orphan(fast_registry):
+    mlc = store.client()
+    before = champion(mlc, FAST)
+    process = subprocess.Popen(
+        [sys.executable, "-c", KILLED_REGISTRATION, FAST, fast_registry["source"], fast_registry["run_id"]],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("registered"), line
+    orphan = line.split()[1]
+    process.kill()
+    process.wait(30)
+    tags = mlc.get_model_version(FAST, orphan).tags
+    assert tags["sentcl.state"] == "registering"  # plainly marked unfinished
+    # The next gate breaks the dead holder's lease once it expires (3 s here), cleans up, and never
+    # promotes the orphan, though its scores would beat every champion.
+    with pytest.raises(LookupError):  # its alias went with it: nothing to gate
+        registry.promote(FAST)
+    assert champion(mlc, FAST) == before
+    assert orphan not in versions(mlc, FAST)
+
+
+TWO_CHECKOUT_GATE = """
+import sys, time
+from sentcl_mlflow import registry
+name, version, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
+time.sleep(max(0.0, start - time.time()))
+print(registry.promote(name, version=version)["decision"], flush=True)
+"""
+
+
+@pytest.mark.slow
+def test_two_gates_from_two_checkouts_against_one_http_store_give_one_champion(fast_registry, tmp_path):
+    """Two processes, each in its own checkout folder (a per-checkout file lock would not see the other),
+    gate two equally better challengers at the same moment: one champion."""
+    mlc = store.client()
+    table = {k: v + 20 for k, v in TABLE.items()}
+    a = add_version(fast_registry, 300.0, table)
+    b = add_version(fast_registry, 300.0, table)
+    start = time.time() + 8
+    processes = []
+    for version, checkout in ((a, "checkout-a"), (b, "checkout-b")):
+        (tmp_path / checkout).mkdir()
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-c", TWO_CHECKOUT_GATE, FAST, version, str(start)],
+                cwd=tmp_path / checkout,
+                env={**os.environ, "PYTHONPATH": str(ROOT)},
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        )
+    decisions = [p.communicate(timeout=240)[0].strip().splitlines()[-1] for p in processes]
+    assert sorted(decisions) == ["promoted", "rejected"], decisions
+    assert champion(mlc, FAST) in (a, b)
+
+
+def test_same_weights_are_never_registered_twice(fast_registry):
+    mlc = store.client()
+    first = add_version(fast_registry, 40.0, PLUS1, weights="a" * 64)
+    count = len(versions(mlc, FAST))
+    assert add_version(fast_registry, 41.0, PLUS1, weights="a" * 64) == first
+    assert len(versions(mlc, FAST)) == count
+    assert mlc.get_model_version(FAST, first).tags["sentcl.state"] == "ready"
+
+
+def test_served_model_refuses_inputs_that_are_not_strings():
+    """The pyfunc's input check (what `mlflow models serve` turns into a 400 with the message)."""
+    import pandas as pd
+    from mlflow.exceptions import MlflowException
+
+    from stages.pyfunc_encoder import _sentences
+
+    assert _sentences(["a", "b"]) == ["a", "b"]
+    assert _sentences(pd.DataFrame({"sentence": ["a", "b"]})) == ["a", "b"]
+    for bad in ([123, None], pd.DataFrame({0: [123, None]}), {"sentence": ["ok", 4.5]}):
+        with pytest.raises(MlflowException, match="not a string") as refused:
+            _sentences(bad)
+        assert refused.value.get_http_status_code() == 400
+
+
+def test_evaluate_on_a_folder_that_is_not_a_model_is_one_line_exit_2(tmp_path):
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    data = tmp_path / "data"
+    (data / "STS").mkdir(parents=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "stages.evaluate", "--model", str(tmp_path / "notes"), "--data", str(data)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2
+    assert "not a model folder" in out.stderr and "Traceback" not in out.stderr
+
+
+@pytest.mark.slow
+def test_register_stage_finds_registered_weights_and_experiments_register_elsewhere(exported, tmp_path):
+    """`stages.register` (the DVC stage after export) on a release already registered: the same weights are
+    found, not registered again; inside a DVC experiment it registers into the experiments model."""
+    mlc = store.client()
+    before = versions(mlc)
+    cmd = [sys.executable, "-m", "stages.register", "--release", str(exported["release"])]
+    out = subprocess.run(
+        cmd + ["--summary", str(tmp_path / "r.json")], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "r.json").read_text())
+    assert summary["registered_version"] == "1" and summary["new_version"] is False
+    assert versions(mlc) == before and champion(mlc) == "1"
+
+    env = {**os.environ, "DVC_EXP_NAME": "exp-test"}
+    out = subprocess.run(
+        cmd + ["--summary", str(tmp_path / "e.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    summary = json.loads((tmp_path / "e.json").read_text())
+    assert summary["registered_model"] == "sentcl-encoder-experiments" and summary["new_version"] is True
+    assert versions(mlc) == before  # production untouched

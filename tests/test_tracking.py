@@ -1,4 +1,4 @@
-"""stages.tracking: where runs go, what a stage run records, the gate's rule, fail-fast on a dead server."""
+"""sentcl_mlflow.store / .runs: where runs go, what a stage run records, fail-fast on a dead server."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sentcl.domain import DomainTextError, read_domain_text, read_scored_pairs
-from stages import tracking
+from sentcl_mlflow import runs, store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,33 +26,33 @@ def free_port() -> int:
 def test_default_store_is_the_repository_root(monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.delenv("DVC_ROOT", raising=False)
-    assert tracking.tracking_uri() == f"sqlite:///{ROOT / 'mlflow.db'}"
+    assert store.tracking_uri() == f"sqlite:///{ROOT / 'mlflow.db'}"
 
 
 def test_dvc_temp_experiment_writes_to_the_parent_store(monkeypatch):
     """`dvc exp run --temp` / queued runs execute in .dvc/tmp/exps/<dir> with DVC_ROOT set to the parent."""
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     monkeypatch.setenv("DVC_ROOT", str(ROOT / ".dvc" / "tmp" / "exps" / "tmpab12cd"))
-    assert tracking.repo_root() == ROOT
-    assert tracking.tracking_uri() == f"sqlite:///{ROOT / 'mlflow.db'}"
+    assert store.repo_root() == ROOT
+    assert store.tracking_uri() == f"sqlite:///{ROOT / 'mlflow.db'}"
 
 
 def test_environment_variable_overrides(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5999")
-    assert tracking.tracking_uri() == "http://127.0.0.1:5999"
+    assert store.tracking_uri() == "http://127.0.0.1:5999"
 
 
 # ------------------------------------------------------------------------------------------ what is logged
 
 
 def test_flatten_and_sts_metric_names():
-    assert tracking.flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {
+    assert runs.flatten({"a": {"b": 1, "c": [1, 2]}, "d": None}) == {
         "a.b": "1",
         "a.c": "[1, 2]",
         "d": "None",
     }
     row = {"all": {"STS12": 70.0, "SICK-R": 60.0, "avg": 65.0}, "mean": {"STS12": 71.0}, "stsb_dev": 80.0}
-    assert tracking.sts_metrics(row) == {
+    assert runs.sts_metrics(row) == {
         "sts_sts12": 70.0,
         "sts_sick_r": 60.0,
         "sts_avg": 65.0,
@@ -71,7 +71,7 @@ def test_log_stage_records_params_curves_hashes_and_experiment(tmp_path, monkeyp
     curves.write_text("step,loss,lr,stsb_dev\n0,,,70.5\n10,2.5,1e-05,\n20,2.25,2e-05,75.25\n")
     data = tmp_path / "data.txt"
     data.write_text("a sentence\n")
-    run_id = tracking.log_stage(
+    run_id = runs.log_stage(
         "transfer-base",
         {"transfer": {"lr": 3e-6, "views": ["shuffle"]}},
         {"stsb_dev": 80.0, "best_step": 20},
@@ -103,62 +103,22 @@ def test_dvc_hashes_come_from_dvc_lock(tmp_path, monkeypatch):
     (tmp_path / "dvc.lock").write_text(
         "schema: '2.0'\nstages:\n  validate:\n    outs:\n    - path: data\n      md5: abc123.dir\n"
     )
-    assert tracking.dvc_hashes([Path("data")]) == {"data": "abc123.dir"}
+    assert runs.dvc_hashes([Path("data")]) == {"data": "abc123.dir"}
 
 
 def test_tracking_switch_off(monkeypatch):
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
-    assert tracking.log_stage("x", {}) is None
+    assert runs.log_stage("x", {}) is None
 
 
 def test_unreachable_server_fails_fast_with_a_clear_message(monkeypatch):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
-    monkeypatch.setattr(tracking, "CONNECT_ATTEMPTS", 2)
-    monkeypatch.setattr(tracking, "CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(store, "CONNECT_ATTEMPTS", 2)
+    monkeypatch.setattr(store, "CONNECT_TIMEOUT_S", 1.0)
     started = time.monotonic()
-    with pytest.raises(tracking.TrackingUnavailableError, match="unreachable after 2 attempts"):
-        tracking.log_stage("transfer-base", {"a": 1}, {"stsb_dev": 1.0})
+    with pytest.raises(store.TrackingUnavailableError, match="unreachable after 2 attempts"):
+        runs.log_stage("transfer-base", {"a": 1}, {"stsb_dev": 1.0})
     assert time.monotonic() - started < 10
-
-
-# ------------------------------------------------------------------------------------------ the gate's rule
-
-TABLE = {"STS12": 70.0, "STS13": 75.0, "STSb": 80.0, "SICK-R": 72.0, "avg": 74.25}
-
-
-def test_first_model_becomes_champion():
-    promoted, reasons = tracking.gate_decision((80.0, TABLE, None), None, 0.5, 1.0)
-    assert promoted and "first model" in reasons[0]
-
-
-@pytest.mark.parametrize("delta", [-3.0, 0.0, 0.49])
-def test_worse_or_equal_or_within_noise_is_never_promoted(delta):
-    promoted, reasons = tracking.gate_decision((80.0 + delta, TABLE, None), (80.0, TABLE, None), 0.5, 1.0)
-    assert not promoted
-    assert "min_delta 0.50" in reasons[0]
-
-
-def test_better_dev_promotes_unless_a_task_drops_too_much():
-    assert tracking.gate_decision((81.0, TABLE, None), (80.0, TABLE, None), 0.5, 1.0)[0]
-    dropped = {**TABLE, "SICK-R": 70.5}
-    promoted, reasons = tracking.gate_decision((81.0, dropped, None), (80.0, TABLE, None), 0.5, 1.0)
-    assert not promoted
-    assert any("SICK-R drops 1.50" in r for r in reasons)
-
-
-def test_domain_gain_is_weighed_against_general_sts():
-    # STS-B dev dips 0.5 (within max_task_drop) but the domain gains 5: promoted.
-    promoted, reasons = tracking.gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), 0.5, 1.0, 1.0)
-    assert promoted, reasons
-    # STS-B dev dips 2 (beyond max_task_drop): the domain gain does not buy that.
-    assert not tracking.gate_decision((78.0, TABLE, 65.0), (80.0, TABLE, 60.0), 0.5, 1.0, 1.0)[0]
-    # STS-B dev gains, but the domain collapses: rejected.
-    assert not tracking.gate_decision((82.0, TABLE, 50.0), (80.0, TABLE, 60.0), 0.5, 1.0, 1.0)[0]
-
-
-def test_negative_margins_are_refused():
-    with pytest.raises(ValueError, match="min_delta"):
-        tracking.registry_params({"registry": {"min_delta": -1}})
 
 
 # ------------------------------------------------------------------------------------------ domain text

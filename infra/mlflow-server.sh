@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The MLflow tracking + registry server with MLflow's basic-auth app: what `make serve` runs, and what the
+# authentication tests start. Every secret comes from the environment; nothing has a default.
+#   infra/mlflow-server.sh PORT BACKEND_STORE_URI ARTIFACTS_DIR
+# Needs: MLFLOW_AUTH_ADMIN_PASSWORD (the admin account, created on first start; MLFLOW_AUTH_ADMIN_USERNAME,
+#        default admin), MLFLOW_FLASK_SERVER_SECRET_KEY (CSRF of the auth app).
+# Optional: MLFLOW_HOST (default 127.0.0.1), MLFLOW_ALLOWED_HOSTS (Host headers accepted, comma-separated;
+#        default loopback:PORT), SENTCL_RUN_DIR (where the users database and its config live).
+set -euo pipefail
+PORT="$1"; STORE="$2"; ARTIFACTS="$3"
+: "${MLFLOW_AUTH_ADMIN_PASSWORD:?set MLFLOW_AUTH_ADMIN_PASSWORD (see .env.example)}"
+: "${MLFLOW_FLASK_SERVER_SECRET_KEY:?set MLFLOW_FLASK_SERVER_SECRET_KEY (see .env.example)}"
+export MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
+HOST="${MLFLOW_HOST:-127.0.0.1}"
+RUN="${SENTCL_RUN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.run}"
+mkdir -p "$RUN" "$ARTIFACTS"
+# Users and permissions: their own database beside the run files. default_permission READ: a user reads
+# what nobody granted them more on; the gate's account alone edits the production model (sentcl_mlflow.auth).
+cat >"$RUN/mlflow-auth.ini" <<INI
+[mlflow]
+default_permission = READ
+database_uri = sqlite:///$RUN/mlflow-users.db
+authorization_function = mlflow.server.auth:authenticate_request_basic_auth
+INI
+export MLFLOW_AUTH_CONFIG_PATH="$RUN/mlflow-auth.ini"
+exec "${MLFLOW_BIN:-mlflow}" server --app-name basic-auth --host "$HOST" --port "$PORT" --workers 1 \
+  --backend-store-uri "$STORE" --artifacts-destination "$ARTIFACTS" --serve-artifacts \
+  --allowed-hosts "${MLFLOW_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"

@@ -1,0 +1,224 @@
+"""The registry's rules, with no I/O: the gate, the choice of checkpoint, what blocks a promotion.
+
+``GateConfig`` is built from params.yaml's ``registry:`` section only (params.yaml is the one home of every
+value: this module has no defaults of its own). The MLflow side (registering, aliases, locks) lives in
+``sentcl_mlflow.registry`` and calls these functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# (stsb_dev, {task: spearman}, domain spearman or None), all Spearman x 100
+Scores = tuple[float | None, dict[str, float], float | None]
+
+# Tags on a model version that the gate reads or writes.
+TAG_STSB_DEV, TAG_STS, TAG_DOMAIN = "stsb_dev", "sts_all", "domain_spearman"
+TAG_WEIGHTS = "weights.sha256"  # one digest over every weight file: the identity of "the same weights"
+TAG_STATE = "sentcl.state"  # registering -> ready; a version left at "registering" is unfinished
+TAG_ROLLED_BACK = "rolled_back"  # "true" on a demoted version: never promoted again without --force
+
+
+class RegistryConfigError(ValueError):
+    """params.yaml's registry section is incomplete or wrong (one line, naming the key)."""
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """params.yaml ``registry:``; every field is required there."""
+
+    model_name: str  # the production registered model (aliases champion / challenger)
+    experiment_model_name: str  # where `dvc exp run` / `make exp` register unless asked otherwise
+    min_delta: float  # STS-B dev gain over the champion that counts as better
+    max_task_drop: float  # no STS task (nor the domain score) may drop by more than this
+    min_domain_delta: float  # with a domain dev set: a domain gain this large counts as a gain
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], section: str = "registry") -> GateConfig:
+        raw = params.get(section)
+        if not isinstance(raw, Mapping):
+            raise RegistryConfigError(f"params.yaml: section {section!r} is missing or not a mapping")
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(raw) - set(fields))
+        if unknown:
+            raise RegistryConfigError(
+                f"params.yaml: unknown key {unknown[0]!r} in section {section!r} (known: {', '.join(fields)})"
+            )
+        missing = [name for name in fields if name not in raw]
+        if missing:
+            raise RegistryConfigError(f"params.yaml: {section}.{missing[0]} is missing")
+        values: dict[str, Any] = {}
+        for name in ("model_name", "experiment_model_name"):
+            if not isinstance(raw[name], str) or not raw[name].strip():
+                raise RegistryConfigError(f"params.yaml: {section}.{name} must be a non-empty name")
+            values[name] = raw[name]
+        for name in ("min_delta", "max_task_drop", "min_domain_delta"):
+            value = raw[name]
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise RegistryConfigError(f"params.yaml: {section}.{name} must be a number, got {value!r}")
+            if value < 0:
+                raise RegistryConfigError(
+                    f"params.yaml: {section}.{name} must be >= 0, got {value} "
+                    "(a negative margin could promote a worse model)"
+                )
+            values[name] = float(value)
+        if values["model_name"] == values["experiment_model_name"]:
+            raise RegistryConfigError(
+                f"params.yaml: {section}.experiment_model_name must differ from model_name "
+                f"({values['model_name']!r}): experiments would register into production"
+            )
+        return cls(**values)
+
+
+# --------------------------------------------------------------------------------------------- scores
+
+
+def scores_from_tags(tags: Mapping[str, str] | None) -> Scores:
+    tags = tags or {}
+    stsb = float(tags[TAG_STSB_DEV]) if tags.get(TAG_STSB_DEV) not in (None, "") else None
+    table = json.loads(tags.get(TAG_STS) or "{}")
+    domain = float(tags[TAG_DOMAIN]) if tags.get(TAG_DOMAIN) not in (None, "") else None
+    return stsb, {k: float(v) for k, v in table.items()}, domain
+
+
+def weight_file_digests(folder: Path) -> dict[str, str]:
+    """sha256 of each weight file at the top of a sentence-transformers folder (safetensors, else .bin)."""
+    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
+    digests = {}
+    for path in files:
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda f=f: f.read(1 << 20), b""):
+                h.update(block)
+        digests[path.name] = h.hexdigest()
+    return digests
+
+
+def weights_fingerprint(per_file: Mapping[str, str]) -> str:
+    """One sha256 for a model's weights from the sha256 of each weight file (name -> hex digest)."""
+    if not per_file:
+        raise ValueError("no weight files to fingerprint")
+    return hashlib.sha256(json.dumps(dict(sorted(per_file.items()))).encode()).hexdigest()
+
+
+# --------------------------------------------------------------------------------------------- checkpoint
+
+
+def selection_score(row: Mapping[str, Any]) -> float:
+    """STS-B dev; with a domain dev set, the mean of STS-B dev and the domain Spearman (both x 100), so a
+    retrain that helps its domain can be the candidate even when general STS dips a little."""
+    if row.get("domain_spearman") is not None:
+        return (float(row["stsb_dev"]) + float(row["domain_spearman"])) / 2
+    return float(row["stsb_dev"])
+
+
+def choose_checkpoint(sts: Mapping[str, Any], available: set[str] | frozenset[str]) -> str:
+    """The checkpoint with the best selection score among ``available`` ones; ties keep file order."""
+    scored = [
+        (selection_score(row), name)
+        for name, row in sts.items()
+        if isinstance(row, Mapping) and row.get("stsb_dev") is not None and name in available
+    ]
+    if not scored:
+        raise LookupError(f"no checkpoint with stsb_dev and a model folder among {sorted(sts)}")
+    best = max(score for score, _ in scored)
+    return next(name for score, name in scored if score == best)
+
+
+# --------------------------------------------------------------------------------------------- gate
+
+
+def version_weights(tags: Mapping[str, str]) -> str | None:
+    """A version's weights fingerprint: its own tag, or derived from the per-file digests of older versions."""
+    if tags.get(TAG_WEIGHTS):
+        return tags[TAG_WEIGHTS]
+    try:
+        per_file = json.loads(tags.get("weights_sha256") or "{}")
+        return weights_fingerprint(per_file) if per_file else None
+    except (ValueError, TypeError):
+        return None
+
+
+def promotion_blocked(
+    candidate_tags: Mapping[str, str], rolled_back_weights: set[str], forced_by: str | None
+) -> str | None:
+    """Why a version may not be promoted at all (it, or a version with the same weights, was rolled back),
+    or None. An explicit ``--force`` by a named person lifts the block."""
+    if forced_by:
+        return None
+    if str(candidate_tags.get(TAG_ROLLED_BACK, "")).lower() == "true":
+        return (
+            "this version was rolled back "
+            f"({candidate_tags.get('rolled_back_reason', 'no reason recorded')}); "
+            "promote it again only with --force --by NAME"
+        )
+    digest = version_weights(candidate_tags)
+    if digest and digest in rolled_back_weights:
+        return (
+            f"its weights (sha256 {digest[:12]}) are those of a rolled-back version; "
+            "promote them again only with --force --by NAME"
+        )
+    return None
+
+
+def gate_decision(
+    challenger: Scores, champion: Scores | None, config: GateConfig, use_domain: bool = True
+) -> tuple[bool, list[str]]:
+    """(promote?, reasons). Scores are Spearman x 100.
+
+    - no champion yet: promote (the first model ever registered);
+    - STS-B dev must beat the champion's by ``min_delta`` -- or, when both carry a domain score, the domain
+      Spearman must beat the champion's by ``min_domain_delta`` while STS-B dev does not fall by more than
+      ``max_task_drop``;
+    - no STS task (and no domain score) may drop by more than ``max_task_drop``.
+    """
+    min_delta, max_task_drop = config.min_delta, config.max_task_drop
+    c_stsb, c_table, c_domain = challenger
+    if c_stsb is None:
+        return False, ["challenger has no stsb_dev score"]
+    if champion is None:
+        return True, [f"no champion yet: the first model becomes champion (stsb_dev {c_stsb:.2f})"]
+    k_stsb, k_table, k_domain = champion
+    if k_stsb is None:
+        return True, ["champion has no stsb_dev score recorded; any scored challenger replaces it"]
+    reasons: list[str] = []
+    delta = c_stsb - k_stsb
+    stsb_ok = delta >= min_delta
+    reasons.append(
+        f"stsb_dev {c_stsb:.2f} vs champion {k_stsb:.2f}: delta {delta:+.2f} "
+        f"{'>=' if stsb_ok else '<'} min_delta {min_delta:.2f}"
+    )
+    gain_ok = stsb_ok
+    if use_domain and c_domain is not None and k_domain is not None:
+        d_delta = c_domain - k_domain
+        domain_ok = d_delta >= config.min_domain_delta
+        reasons.append(
+            f"domain spearman {c_domain:.2f} vs champion {k_domain:.2f}: delta {d_delta:+.2f} "
+            f"{'>=' if domain_ok else '<'} min_domain_delta {config.min_domain_delta:.2f}"
+        )
+        if -d_delta > max_task_drop:
+            reasons.append(f"domain spearman drops {-d_delta:.2f} > max_task_drop {max_task_drop:.2f}")
+            return False, reasons
+        if domain_ok and not stsb_ok:
+            if -delta > max_task_drop:
+                reasons.append(f"stsb_dev drops {-delta:.2f} > max_task_drop {max_task_drop:.2f}")
+                return False, reasons
+            reasons.append("domain gain accepted: general STS holds within max_task_drop")
+            gain_ok = True
+    drops = {
+        task: k_table[task] - c_table[task]
+        for task in sorted(set(c_table) & set(k_table))
+        if task != "avg" and k_table[task] - c_table[task] > max_task_drop
+    }
+    for task, drop in drops.items():
+        reasons.append(f"{task} drops {drop:.2f} > max_task_drop {max_task_drop:.2f}")
+    if not drops:
+        reasons.append(f"no STS task drops more than {max_task_drop:.2f}")
+    return gain_ok and not drops, reasons

@@ -1,0 +1,10 @@
+"""The one layer that talks to MLflow; the stages and the flows both call it, sentcl never imports it.
+
+- ``sentcl_mlflow.store``: where runs go (``tracking_uri``), the client (credentials, bounded waits);
+- ``sentcl_mlflow.runs``: what a stage run records (``log_stage``, ``preflight``, ``log_pyfunc_run``);
+- ``sentcl_mlflow.registry``: register-then-gate, promotion lease, rollback, checked downloads.
+
+The rules themselves (``GateConfig``, ``gate_decision``, checkpoint choice) are pure: ``sentcl.registry``.
+``python -m sentcl_mlflow`` prints the tracking URI in use. Import the submodule you need: this file
+imports nothing, so a training stage that logs runs does not depend on the registry's code.
+"""

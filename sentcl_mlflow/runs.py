@@ -1,0 +1,311 @@
+"""What a stage run records in MLflow: params, metrics, curves, DVC hashes, tags; the pyfunc model run.
+
+from sentcl_mlflow.runs import log_stage, preflight
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import math
+import os
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from sentcl_mlflow.store import (
+    client,
+    experiment_id,
+    git_commit,
+    git_dirty,
+    load_params_file,
+    preflight,
+    repo_root,
+    tracking_enabled,
+)
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+__all__ = ["log_stage", "preflight", "log_pyfunc_run", "stage_run", "flatten", "sts_metrics", "dvc_hashes"]
+
+
+def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
+    """``{"transfer": {"lr": 1e-5}}`` -> ``{"transfer.lr": "1e-05"}``; lists become JSON."""
+    flat: dict[str, str] = {}
+    for key, value in params.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{name}."))
+        else:
+            text = json.dumps(value) if isinstance(value, list | tuple) else str(value)
+            flat[name] = text[:6000]  # MLflow's param value limit
+    return flat
+
+
+def metric_key(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "_-./ " else "_" for c in name)
+
+
+def sts_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """One checkpoint's row of metrics/sts.json as MLflow metrics: ``sts_<task>``, ``sts_avg``, ``stsb_dev``.
+
+    The "all" protocol is the headline, as in the papers; "mean" is kept as ``sts_mean_<task>``.
+    """
+    out: dict[str, float] = {}
+    for protocol, prefix in (("all", "sts_"), ("mean", "sts_mean_")):
+        table = row.get(protocol) or {}
+        for task, value in table.items():
+            if isinstance(value, int | float):
+                out[prefix + task.lower().replace("-", "_")] = float(value)
+    for key, value in row.items():
+        if key not in ("all", "mean") and isinstance(value, int | float) and not isinstance(value, bool):
+            out[metric_key(key)] = float(value)
+    return out
+
+
+def _lock_hashes(root: Path) -> dict[str, str]:
+    """path -> hash of every stage output and dependency recorded in dvc.lock."""
+    lock = root / "dvc.lock"
+    if not lock.exists():
+        return {}
+    with open(lock) as f:
+        data = yaml.safe_load(f) or {}
+    found: dict[str, str] = {}
+    for stage in (data.get("stages") or {}).values():
+        for entry in (stage.get("deps") or []) + (stage.get("outs") or []):
+            digest = entry.get("md5") or entry.get("hash") or entry.get("etag") or entry.get("checksum")
+            if entry.get("path") and digest:
+                found[os.path.normpath(entry["path"])] = str(digest)
+    return found
+
+
+def _content_hash(path: Path) -> str:
+    """A fallback for paths dvc.lock does not know yet: sha256 over relative names and file bytes."""
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for p in files:
+        h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
+        with open(p, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    return "sha256:" + h.hexdigest()
+
+
+def dvc_hashes(inputs: list[Path]) -> dict[str, str]:
+    """The DVC hash of each data input (from dvc.lock, as DVC recorded it), else a content hash."""
+    root = repo_root()
+    # A stage runs in the workspace that DVC checked out, which is not the store's root in a temp experiment.
+    here = Path.cwd()
+    recorded = _lock_hashes(here) or _lock_hashes(root)
+    out: dict[str, str] = {}
+    for path in inputs:
+        path = Path(path)
+        absolute = path if path.is_absolute() else here / path
+        try:
+            rel = os.path.normpath(absolute.resolve().relative_to(here.resolve()))
+        except ValueError:
+            rel = str(absolute)
+        if rel in recorded:
+            out[rel] = recorded[rel]
+        elif absolute.exists():
+            out[rel] = _content_hash(absolute)
+    return out
+
+
+def _read_curves(path: Path) -> list[tuple[str, float, int]]:
+    """(train/<column>, value, step) for every numeric cell of a curves CSV whose ``step`` column indexes the rows."""
+    rows: list[tuple[str, float, int]] = []
+    with open(path, newline="") as f:
+        for i, record in enumerate(csv.DictReader(f)):
+            try:
+                step = int(float(record.get("step") or i))
+            except ValueError:
+                step = i
+            for key, value in record.items():
+                if key in (None, "step") or value in (None, ""):
+                    continue
+                try:
+                    number = float(value)
+                except ValueError:
+                    continue
+                if math.isfinite(number):
+                    # train/ keeps the curve apart from the final metric of the same name (stsb_dev).
+                    rows.append((f"train/{metric_key(key)}", number, step))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------- log
+
+
+def run_tags(stage: str) -> dict[str, str]:
+    tags = {"sentcl.stage": stage, "mlflow.runName": stage}
+    commit = git_commit()
+    if commit:
+        tags["mlflow.source.git.commit"] = commit
+        tags["git_commit"] = commit
+        tags["git_dirty"] = str(git_dirty()).lower()
+    if os.environ.get("DVC_EXP_NAME"):
+        tags["dvc_exp_name"] = os.environ["DVC_EXP_NAME"]
+        tags["mlflow.runName"] = f"{stage}@{os.environ['DVC_EXP_NAME']}"
+    if os.environ.get("DVC_EXP_BASELINE_REV"):
+        tags["dvc_exp_baseline_rev"] = os.environ["DVC_EXP_BASELINE_REV"]
+    # A flow passes its context (flow run id, domain text sha256, ...) to the stages it starts this way.
+    try:
+        tags.update(
+            {str(k): str(v) for k, v in json.loads(os.environ.get("SENTCL_RUN_TAGS") or "{}").items()}
+        )
+    except ValueError:
+        pass
+    return tags
+
+
+def _chunks(items: list, size: int) -> Iterator[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+def log_stage(
+    stage: str,
+    params: dict[str, Any],
+    metrics: dict[str, float] | None = None,
+    curves_csv: Path | None = None,
+    inputs: list[Path] | None = None,
+    artifacts: list[Path] | None = None,
+    tags: dict[str, str] | None = None,
+) -> str | None:
+    """Log one finished stage as one MLflow run and return its run id.
+
+    ``params`` is flattened; ``curves_csv`` (columns step, loss, lr, stsb_dev, ...) becomes metrics by step
+    named ``train/<column>``;
+    ``inputs`` are data paths whose DVC hashes are recorded; ``artifacts`` are uploaded files or folders.
+    Returns None when tracking is switched off (``SENTCL_MLFLOW=0``). Raises :class:`TrackingUnavailableError`
+    after bounded retries when a tracking server does not answer.
+    """
+    if not tracking_enabled():
+        return None
+    from mlflow.entities import Metric, Param
+
+    mlc = client()
+    # Every run carries the whole params.yaml, so runs of different stages compare on the same keys; the
+    # stage's own (resolved) values win where they overlap.
+    try:
+        flat_params = flatten(load_params_file())
+    except (OSError, ValueError):
+        flat_params = {}
+    flat_params.update(flatten(params))
+    all_tags = run_tags(stage)
+    for path, digest in dvc_hashes(list(inputs or [])).items():
+        all_tags[f"dvc.{path}"] = digest
+    all_tags.update({k: str(v) for k, v in (tags or {}).items()})
+
+    now = int(time.time() * 1000)
+    series = [Metric(metric_key(k), float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
+    if curves_csv and Path(curves_csv).exists():
+        series += [Metric(k, v, now, step) for k, v, step in _read_curves(Path(curves_csv))]
+
+    run = mlc.create_run(experiment_id(mlc), run_name=all_tags["mlflow.runName"], tags=all_tags)
+    run_id = run.info.run_id
+    try:
+        for chunk in _chunks([Param(k, v) for k, v in flat_params.items()], 100):
+            mlc.log_batch(run_id, params=chunk)
+        for chunk in _chunks(series, 1000):
+            mlc.log_batch(run_id, metrics=chunk)
+        for path in artifacts or []:
+            path = Path(path)
+            if path.is_dir():
+                mlc.log_artifacts(run_id, str(path), artifact_path=path.name)
+            elif path.exists():
+                mlc.log_artifact(run_id, str(path))
+    except Exception:
+        _terminate(mlc, run_id, "FAILED")
+        raise
+    mlc.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return False
+
+
+def _terminate(mlc: MlflowClient, run_id: str, status: str) -> None:
+    try:
+        mlc.set_terminated(run_id, status)
+    except Exception:  # the original error is the one worth reporting
+        pass
+
+
+@contextmanager
+def stage_run(stage: str, params: dict[str, Any], tags: dict[str, str] | None = None) -> Iterator[str | None]:
+    """A run open for the length of a block (for stages that log as they go); FAILED if the block raises."""
+    if not tracking_enabled():
+        yield None
+        return
+    from mlflow.entities import Param
+
+    mlc = client()
+    all_tags = {**run_tags(stage), **(tags or {})}
+    run_id = mlc.create_run(
+        experiment_id(mlc), run_name=all_tags["mlflow.runName"], tags=all_tags
+    ).info.run_id
+    try:
+        for chunk in _chunks([Param(k, v) for k, v in flatten(params).items()], 100):
+            mlc.log_batch(run_id, params=chunk)
+        yield run_id
+    except BaseException:
+        _terminate(mlc, run_id, "FAILED")
+        raise
+    mlc.set_terminated(run_id, "FINISHED")
+
+
+def log_pyfunc_run(
+    stage: str,
+    params: dict[str, Any],
+    metrics: dict[str, float],
+    model_file: Path,
+    artifacts: dict[str, Path],
+    input_example: list[str],
+    example_output: Any,
+    pip_requirements: list[str],
+    inputs: list[Path] | None = None,
+    tags: dict[str, str] | None = None,
+) -> tuple[str, str]:
+    """One run that logs a "models from code" pyfunc (``model_file``) with a signature inferred from the input
+    example and its output; returns (run id, model URI). The run is FAILED if logging the model fails."""
+    import mlflow
+    import numpy as np
+    from mlflow.entities import Metric, Param
+    from mlflow.models import infer_signature
+
+    mlc = client()
+    all_tags = run_tags(stage)
+    all_tags.update({f"dvc.{k}": v for k, v in dvc_hashes(list(inputs or [])).items()})
+    all_tags.update({k: str(v) for k, v in (tags or {}).items()})
+    signature = infer_signature(input_example, np.asarray(example_output, dtype=np.float32))
+    with mlflow.start_run(
+        experiment_id=experiment_id(mlc), run_name=all_tags["mlflow.runName"], tags=all_tags
+    ) as run:
+        run_id = run.info.run_id
+        now = int(time.time() * 1000)
+        for chunk in _chunks([Param(k, v) for k, v in flatten(params).items()], 100):
+            mlc.log_batch(run_id, params=chunk)
+        series = [Metric(metric_key(k), float(v), now, 0) for k, v in metrics.items() if _finite(v)]
+        for chunk in _chunks(series, 1000):
+            mlc.log_batch(run_id, metrics=chunk)
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(model_file),
+            artifacts={k: str(v) for k, v in artifacts.items()},
+            signature=signature,
+            input_example=input_example,
+            pip_requirements=pip_requirements,
+        )
+    return run_id, info.model_uri

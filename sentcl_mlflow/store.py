@@ -1,0 +1,211 @@
+"""Where runs go, and the one MLflow client every stage and flow uses (with credentials, bounded waits).
+
+Part of ``sentcl_mlflow``, the layer that talks to MLflow; sentcl never imports it. MLflow is imported lazily
+so that a stage that only reads the helpers (``tracking_uri``) does not pay for it.
+
+Where runs go: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<repo root>/mlflow.db`` with artifacts in
+``<repo root>/mlartifacts``. The root comes from DVC (``DVC_ROOT`` names the parent repository for queued and
+``--temp`` experiments) or git, so every copy of the workspace writes to the one store. A server started with
+MLflow's basic-auth app wants ``MLFLOW_TRACKING_USERNAME`` / ``MLFLOW_TRACKING_PASSWORD`` (read by MLflow
+itself from the environment; never from a file here).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+# One run per stage: a Hugging Face Trainer, if a stage ever uses one, would otherwise open a second run.
+os.environ.setdefault("DISABLE_MLFLOW_INTEGRATION", "TRUE")
+
+EXPERIMENT = os.environ.get("SENTCL_MLFLOW_EXPERIMENT", "sentcl")
+# A reachability probe of a tracking server: attempts x timeout bounds how long a stage waits for it.
+CONNECT_ATTEMPTS = int(os.environ.get("SENTCL_MLFLOW_CONNECT_ATTEMPTS", "3"))
+CONNECT_TIMEOUT_S = float(os.environ.get("SENTCL_MLFLOW_CONNECT_TIMEOUT_S", "3"))
+
+
+class TrackingUnavailableError(RuntimeError):
+    """The tracking server did not answer after bounded retries; nothing was logged or registered.
+    Transient: a stage exits with ``stages.common.EXIT_TRANSIENT`` for it, and a flow may retry."""
+
+
+class TrackingAuthError(RuntimeError):
+    """The tracking server refused the credentials (or none were given). Not transient."""
+
+
+# --------------------------------------------------------------------------------------------- where
+
+
+def _git(*args: str, cwd: Path | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", *args], cwd=cwd, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out or None
+
+
+def _outside_dvc_tmp(path: Path) -> Path:
+    """A DVC temp/queued experiment runs in ``<repo>/.dvc/tmp/exps/<tmpdir>``, a git repo of its own."""
+    parts = path.parts
+    for i in range(len(parts) - 3):
+        if parts[i : i + 3] == (".dvc", "tmp", "exps"):
+            return Path(*parts[:i])
+    return path
+
+
+def repo_root(start: Path | None = None) -> Path:
+    """The repository whose ``mlflow.db`` this process should write to."""
+    if os.environ.get("DVC_ROOT"):
+        return _outside_dvc_tmp(Path(os.environ["DVC_ROOT"]).resolve())
+    start = start or Path.cwd()
+    # --git-common-dir, not --show-toplevel: a linked worktree shares the main checkout's store.
+    common = _git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=start)
+    if common:
+        return _outside_dvc_tmp(Path(common).parent.resolve())
+    return _outside_dvc_tmp(Path(__file__).resolve().parent.parent)
+
+
+def tracking_uri() -> str:
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
+
+
+def artifact_root() -> Path:
+    return repo_root() / "mlartifacts"
+
+
+def tracking_enabled() -> bool:
+    """``SENTCL_MLFLOW=0`` switches tracking off, for unit tests of stages that do not test tracking."""
+    return os.environ.get("SENTCL_MLFLOW", "1").lower() not in ("0", "false", "off", "no")
+
+
+def _probe_http(uri: str) -> None:
+    """The server answers (bounded retries), and accepts this process's credentials."""
+    url = uri.rstrip("/") + "/health"
+    last: Exception | None = None
+    for attempt in range(CONNECT_ATTEMPTS):
+        try:
+            with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT_S) as response:
+                if response.status < 500:
+                    return
+        except urllib.error.HTTPError as e:  # a server that answers at all, even 404 behind a proxy, is up
+            if e.code < 500:
+                return
+            last = e
+        except (OSError, urllib.error.URLError) as e:
+            last = e
+        if attempt + 1 < CONNECT_ATTEMPTS:
+            time.sleep(min(2**attempt, 4))
+    raise TrackingUnavailableError(
+        f"MLflow tracking server {uri} is unreachable after {CONNECT_ATTEMPTS} attempts "
+        f"({CONNECT_TIMEOUT_S:g}s timeout each): {last}. Start it, fix MLFLOW_TRACKING_URI, or unset it to "
+        f"use the local store sqlite:///<repo>/mlflow.db. Nothing was logged or registered."
+    )
+
+
+def _check_credentials(uri: str) -> None:
+    """One authenticated read: a basic-auth server answers 401 without (or with wrong) credentials."""
+    import base64
+
+    request = urllib.request.Request(
+        uri.rstrip("/") + "/api/2.0/mlflow/experiments/get-by-name?experiment_name=" + EXPERIMENT
+    )
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S * 3):
+            return
+    except urllib.error.HTTPError as e:
+        if e.code == 401:
+            who = f"user {user!r}" if user else "no MLFLOW_TRACKING_USERNAME/MLFLOW_TRACKING_PASSWORD set"
+            raise TrackingAuthError(
+                f"MLflow tracking server {uri} refused the credentials ({who}): set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in the environment"
+            ) from None
+    except (OSError, urllib.error.URLError):
+        return  # reachability was checked just before; a blip here shows up on the real call
+
+
+_configured: str | None = None
+
+
+def client() -> MlflowClient:
+    """An MlflowClient on the resolved store, after a bounded reachability check of a remote server."""
+    global _configured
+    uri = tracking_uri()
+    if _configured != uri:
+        # MLflow's own HTTP retries default to minutes (7 retries, factor 2, 120 s timeout); keep a dead
+        # server from stalling a stage, while still riding out a short blip.
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
+        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        if uri.startswith(("http://", "https://")):
+            _probe_http(uri)
+            _check_credentials(uri)
+        elif uri.startswith("sqlite:///"):
+            Path(uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+        import mlflow
+
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_registry_uri(uri)
+        _configured = uri
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def preflight() -> None:
+    """Call at the start of a long stage: an unreachable tracking server then fails it before the work, not
+    after it (``log_stage`` at the end would raise the same error)."""
+    if tracking_enabled():
+        client()
+
+
+def experiment_id(mlc: MlflowClient, name: str = EXPERIMENT) -> str:
+    exp = mlc.get_experiment_by_name(name)
+    if exp is not None:
+        return exp.experiment_id
+    location = None
+    uri = tracking_uri()
+    if uri.startswith("sqlite:///"):
+        # Beside the database, not in ./mlruns of whatever folder the stage happened to run in.
+        location = (Path(uri.removeprefix("sqlite:///")).parent / "mlartifacts").as_uri()
+    try:
+        return mlc.create_experiment(name, artifact_location=location)
+    except Exception:  # another stage created it meanwhile
+        exp = mlc.get_experiment_by_name(name)
+        if exp is None:
+            raise
+        return exp.experiment_id
+
+
+def git_commit() -> str | None:
+    return _git("rev-parse", "HEAD", cwd=repo_root())
+
+
+def git_dirty() -> bool:
+    status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo_root())
+    return bool(status)
+
+
+PROJECT = (
+    Path(__file__).resolve().parent.parent
+)  # the checkout this code runs from (a DVC temp workspace too)
+
+
+def load_params_file(path: Path | None = None) -> dict[str, Any]:
+    with open(path or PROJECT / "params.yaml") as f:
+        return yaml.safe_load(f) or {}

@@ -1,0 +1,128 @@
+"""sentcl.registry: the gate's rule, GateConfig from params.yaml, what blocks a promotion (pure, no MLflow)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import yaml
+
+from sentcl.registry import (
+    TAG_ROLLED_BACK,
+    TAG_WEIGHTS,
+    GateConfig,
+    RegistryConfigError,
+    choose_checkpoint,
+    gate_decision,
+    promotion_blocked,
+    version_weights,
+    weights_fingerprint,
+)
+from tests.test_dvc_deps import ROOT
+
+TABLE = {"STS12": 70.0, "STS13": 75.0, "STSb": 80.0, "SICK-R": 72.0, "avg": 74.25}
+SECTION = {
+    "model_name": "m",
+    "experiment_model_name": "m-exp",
+    "min_delta": 0.5,
+    "max_task_drop": 1.0,
+    "min_domain_delta": 1.0,
+}
+CONFIG = GateConfig.from_params({"registry": SECTION})
+
+
+def test_first_model_becomes_champion():
+    promoted, reasons = gate_decision((80.0, TABLE, None), None, CONFIG)
+    assert promoted and "first model" in reasons[0]
+
+
+@pytest.mark.parametrize("delta", [-3.0, 0.0, 0.49])
+def test_worse_or_equal_or_within_noise_is_never_promoted(delta):
+    promoted, reasons = gate_decision((80.0 + delta, TABLE, None), (80.0, TABLE, None), CONFIG)
+    assert not promoted
+    assert "min_delta 0.50" in reasons[0]
+
+
+def test_better_dev_promotes_unless_a_task_drops_too_much():
+    assert gate_decision((81.0, TABLE, None), (80.0, TABLE, None), CONFIG)[0]
+    dropped = {**TABLE, "SICK-R": 70.5}
+    promoted, reasons = gate_decision((81.0, dropped, None), (80.0, TABLE, None), CONFIG)
+    assert not promoted
+    assert any("SICK-R drops 1.50" in r for r in reasons)
+
+
+def test_domain_gain_is_weighed_against_general_sts():
+    # STS-B dev dips 0.5 (within max_task_drop) but the domain gains 5: promoted.
+    promoted, reasons = gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)
+    assert promoted, reasons
+    # STS-B dev dips 2 (beyond max_task_drop): the domain gain does not buy that.
+    assert not gate_decision((78.0, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)[0]
+    # STS-B dev gains, but the domain collapses: rejected.
+    assert not gate_decision((82.0, TABLE, 50.0), (80.0, TABLE, 60.0), CONFIG)[0]
+    # Domain scores from different dev sets are ignored when asked.
+    assert not gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG, use_domain=False)[0]
+
+
+def test_gate_config_comes_from_params_yaml_only():
+    """params.yaml is the one home of every value: no field has a default in code."""
+    assert all(
+        f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        for f in dataclasses.fields(GateConfig)
+    )
+    with open(ROOT / "params.yaml") as f:
+        params = yaml.safe_load(f)
+    config = GateConfig.from_params(params)
+    assert config.min_delta == float(params["registry"]["min_delta"])
+    assert config.model_name != config.experiment_model_name
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"min_dleta": 0.3}, "unknown key 'min_dleta' in section 'registry'"),
+        ({"min_delta": -1}, "registry.min_delta must be >= 0"),
+        ({"max_task_drop": "lots"}, "registry.max_task_drop must be a number"),
+        ({"experiment_model_name": "m"}, "must differ from model_name"),
+    ],
+)
+def test_gate_config_errors_name_the_key_in_one_line(change, message):
+    with pytest.raises(RegistryConfigError, match=message) as error:
+        GateConfig.from_params({"registry": {**SECTION, **change}})
+    assert "\n" not in str(error.value)
+
+
+def test_gate_config_missing_key_or_section():
+    with pytest.raises(RegistryConfigError, match="registry.min_domain_delta is missing"):
+        GateConfig.from_params({"registry": {k: v for k, v in SECTION.items() if k != "min_domain_delta"}})
+    with pytest.raises(RegistryConfigError, match="section 'registry' is missing"):
+        GateConfig.from_params({})
+
+
+def test_checkpoint_choice_prefers_dev_then_file_order_and_skips_missing_folders():
+    sts = {
+        "base": {"stsb_dev": 80.0},
+        "a": {"stsb_dev": 81.0},
+        "b": {"stsb_dev": 81.0},
+        "c": {"stsb_dev": 90.0},
+    }
+    assert choose_checkpoint(sts, {"base", "a", "b"}) == "a"
+    with_domain = {
+        "base": {"stsb_dev": 80.0, "domain_spearman": 70.0},
+        "a": {"stsb_dev": 81.0, "domain_spearman": 60.0},
+    }
+    assert choose_checkpoint(with_domain, {"base", "a"}) == "base"  # (80+70)/2 > (81+60)/2
+    with pytest.raises(LookupError):
+        choose_checkpoint(sts, set())
+
+
+def test_rolled_back_versions_and_their_weights_are_blocked_unless_forced_by_someone():
+    digest = weights_fingerprint({"model.safetensors": "ab" * 32})
+    demoted = {TAG_ROLLED_BACK: "true", "rolled_back_reason": "bad", TAG_WEIGHTS: digest}
+    assert "rolled back" in promotion_blocked(demoted, {digest}, None)
+    assert promotion_blocked(demoted, {digest}, "alice") is None
+    same_weights = {TAG_WEIGHTS: digest}
+    assert "rolled-back" in promotion_blocked(same_weights, {digest}, None)
+    assert promotion_blocked({TAG_WEIGHTS: "other"}, {digest}, None) is None
+    # Versions registered before the fingerprint tag: derived from their per-file digests.
+    legacy = {"weights_sha256": '{"model.safetensors": "' + "ab" * 32 + '"}'}
+    assert version_weights(legacy) == digest
