@@ -412,7 +412,8 @@ def test_rollback_sticks_against_the_gate_and_against_the_same_weights(fast_regi
     re-registering its weights both leave the restored champion in place."""
     mlc = store.client()
     restored = champion(mlc, FAST)
-    bad = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)
+    high = {k: v + 30 for k, v in TABLE.items()}  # beats every champion the other tests leave behind
+    bad = add_version(fast_registry, 150.0, high, weights="f" * 64)
     assert registry.promote(FAST)["promoted"]
     registry.rollback(FAST, actor="carol", reason="worse on tickets")
     assert champion(mlc, FAST) == restored
@@ -426,7 +427,7 @@ def test_rollback_sticks_against_the_gate_and_against_the_same_weights(fast_regi
     assert champion(mlc, FAST) == restored
 
     before = versions(mlc, FAST)
-    again = add_version(fast_registry, 150.0, PLUS1, weights="f" * 64)  # a retrain that lands on them again
+    again = add_version(fast_registry, 150.0, high, weights="f" * 64)  # a retrain that lands on them again
     assert again == bad and versions(mlc, FAST) == before  # same weights: no second version
     assert not registry.promote(FAST, version=again)["promoted"]
     assert champion(mlc, FAST) == restored
