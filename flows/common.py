@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from stages.common import ROOT
 
 PROMOTION_LIMIT = "sentcl-promotion"
+PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
 # Output that marks a failure worth retrying: locks, networks, servers coming up. A bug or bad data is not.
 TRANSIENT = (
     "unable to acquire lock",
@@ -47,21 +50,43 @@ def run_stage(cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path =
     full_env = {**os.environ, **(env or {})}
     # The venv's bin first, so `dvc` and the `python` of dvc.yaml commands are this environment's.
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
-    # Every progress-bar refresh becomes a line of the flow's log: one every 30 s is enough there.
-    full_env.setdefault("TQDM_MININTERVAL", "30")
+    # A progress bar redraws its line with "\r"; in the flow's log that is one line per redraw (see below).
+    full_env.setdefault("TQDM_MININTERVAL", str(PROGRESS_EVERY_S))
     process = subprocess.Popen(
-        list(cmd), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        list(cmd), cwd=cwd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     lines: list[str] = []
     assert process.stdout is not None
-    for line in process.stdout:
+    for line in progress_filtered(
+        io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="")
+    ):
         lines.append(line)
-        print(line.rstrip())
+        print(line)
     process.wait()
-    output = "".join(lines)
+    output = "\n".join(lines) + ("\n" if lines else "")
     if process.returncode != 0:
         raise StageFailed(cmd, process.returncode, output)
     return output
+
+
+def progress_filtered(stream: Iterable[str], every_s: float = PROGRESS_EVERY_S) -> Iterator[str]:
+    """The lines of a stage's output for the flow's log, with progress bars thinned out.
+
+    ``stream`` yields pieces ending in "\n" or "\r" (a text stream opened with ``newline=""``). A piece ending
+    in "\r" alone is a bar redrawing its line: it is passed on only when ``every_s`` seconds have gone by since
+    the last one passed on, so a long bar shows in the log now and then and a short one not at all. A bar's last
+    state, ended by "\n", is an ordinary line; blank pieces (a bar erasing itself) are dropped."""
+    last = time.monotonic()
+    for piece in stream:
+        text = piece.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if piece.endswith("\r"):
+            now = time.monotonic()
+            if now - last < every_s:
+                continue
+            last = now
+        yield text
 
 
 def retry_if_transient(task, task_run, state) -> bool:  # noqa: ANN001 (Prefect's callback signature)

@@ -43,6 +43,8 @@ wait_http() {  # name, url, seconds
 
 start prefect-server "$BIN/prefect" server start --host 127.0.0.1 --port "$PREFECT_PORT"
 wait_http prefect-server "$PREFECT_API_URL/health" 120
+# Flows started by hand from this checkout find the server here (flows/__init__.py), while its pid is alive.
+echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
 
 # MLflow UI on the same store the stages write to (MLFLOW_TRACKING_URI, else sqlite:///<repo>/mlflow.db).
 STORE="${MLFLOW_TRACKING_URI:-sqlite:///$ROOT/mlflow.db}"

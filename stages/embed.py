@@ -118,11 +118,18 @@ def fast_settings(folder: Path) -> tuple[str, bool] | None:
                 return None
         elif kind == "Pooling":
             config = json.loads((folder / module.get("path", "") / "config.json").read_text())
-            modes = {k for k, v in config.items() if k.startswith("pooling_mode_") and v is True}
-            pooling = {
-                frozenset({"pooling_mode_mean_tokens"}): "last-avg",
-                frozenset({"pooling_mode_cls_token"}): "cls",
-            }.get(frozenset(modes))
+            # sentence-transformers 6 writes "pooling_mode": "mean"; older versions one boolean per mode.
+            mode = config.get("pooling_mode")
+            if mode is None:
+                modes = [
+                    k.removeprefix("pooling_mode_")
+                    for k, v in config.items()
+                    if k.startswith("pooling_mode_") and v is True
+                ]
+                mode = modes[0] if len(modes) == 1 else None
+            pooling = {"mean": "last-avg", "mean_tokens": "last-avg", "cls": "cls", "cls_token": "cls"}.get(
+                mode
+            )
             if pooling is None:
                 return None
         elif kind == "Normalize":
