@@ -8,8 +8,12 @@ STAMP       := $(VENV)/.installed
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export HF_HUB_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
+# Telemetry off for everything make starts (dvc, stages, servers); stages/__init__.py does the same for direct runs.
 export DO_NOT_TRACK = 1
 export GX_ANALYTICS_ENABLED = False
+export MLFLOW_DISABLE_TELEMETRY = true
+export PREFECT_SERVER_ANALYTICS_ENABLED = false
+export HF_HUB_DISABLE_TELEMETRY = 1
 
 .PHONY: setup run test test-all lint format bench-train exp bench-eval bench-embed analyses report serve stop clean
 

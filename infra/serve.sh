@@ -19,6 +19,7 @@ export SENTCL_ROOT="$ROOT"
 export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"      # this checkout's server database, not ~/.prefect
 export PREFECT_API_URL="http://127.0.0.1:$PREFECT_PORT/api"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export DO_NOT_TRACK="${DO_NOT_TRACK:-1}" MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export PATH="$BIN:$PATH"
 
 running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
