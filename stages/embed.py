@@ -78,11 +78,18 @@ def read_lines(path: Path) -> list[str]:
 # --------------------------------------------------------------------------------------------- the model
 
 
+def resolve_model_path(model: str) -> str:
+    """A folder, or the bundled model's name resolved to its package folder (imported late: torch is slow)."""
+    from sentcl.encoder import resolve_model_path as resolve
+
+    return resolve(model)
+
+
 def resolve_model(model: str | None, scratch: Path, registered_name: str) -> tuple[Path, str]:
     """(a local sentence-transformers folder, how to name it). A registry model is looked up by version first,
     so the version named is the version downloaded even if the alias moves meanwhile."""
     if model and not model.startswith("models:/"):
-        return Path(model), model
+        return Path(resolve_model_path(model)), model
     from stages import tracking
 
     name, alias, version = registered_name, tracking.CHAMPION, None
@@ -243,7 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_output(args.output)
         lines = read_lines(args.input)
-        if args.model and not args.model.startswith("models:/") and not Path(args.model).is_dir():
+        if (
+            args.model
+            and not args.model.startswith("models:/")
+            and not Path(resolve_model_path(args.model)).is_dir()
+        ):
             raise EmbedInputError(f"{args.model}: no such model folder (or pass a models:/ URI)")
         registered = (load_params().get("registry") or {}).get("model_name", "sentcl-encoder")
         with tempfile.TemporaryDirectory(prefix="sentcl-embed-") as scratch:
@@ -253,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     except EmbedInputError as error:
         print(f"embed: {error}", file=sys.stderr)
         return 2
+    except RuntimeError as error:  # the tracking server did not answer (TrackingUnavailableError)
+        if type(error).__name__ != "TrackingUnavailableError":
+            raise
+        print(f"embed: {error}", file=sys.stderr)
+        return 1
     truncated = f"; {done['truncated']} truncated to the model's limit" if done["truncated"] else ""
     print(
         f"embed: {done['lines']} lines ({done['unique']} distinct) -> {args.output} "
