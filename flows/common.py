@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -9,7 +10,8 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -17,6 +19,7 @@ from pathlib import Path
 from stages.common import EXIT_TRANSIENT, ROOT, load_params
 
 PROMOTION_LIMIT = "sentcl-promotion"
+PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
 # dvc.stage.exceptions.StageCmdFailedError's message, as `dvc repro` prints it on its last line.
 DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
 
@@ -96,24 +99,24 @@ def run_stage(
     full_env = {**os.environ, **(env or {})}
     # The venv's bin first, so `dvc` and the `python` of dvc.yaml commands are this environment's.
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
-    # Every progress-bar refresh becomes a line of the flow's log: one every 30 s is enough there.
-    full_env.setdefault("TQDM_MININTERVAL", "30")
+    # A progress bar redraws its line with "\r"; in the flow's log that is one line per redraw (see below).
+    full_env.setdefault("TQDM_MININTERVAL", str(PROGRESS_EVERY_S))
     process = subprocess.Popen(
         list(cmd),
         cwd=cwd,
         env=full_env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
         start_new_session=True,  # its own group: a timeout ends the stage and whatever it started
     )
     lines: list[str] = []
 
     def pump() -> None:
         assert process.stdout is not None
-        for line in process.stdout:
+        stream = io.TextIOWrapper(process.stdout, encoding="utf-8", errors="replace", newline="")
+        for line in progress_filtered(stream):
             lines.append(line)
-            print(line.rstrip())
+            print(line)
 
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
@@ -123,12 +126,12 @@ def run_stage(
     except subprocess.TimeoutExpired:
         timed_out = True
         _end_group(process)
-        lines.append(f"run_stage: no result after {timeout_s:g}s (flows.stage_timeout_s); stopped it\n")
+        lines.append(f"run_stage: no result after {timeout_s:g}s (flows.stage_timeout_s); stopped it")
     except BaseException:  # the flow itself is cancelled or timed out: take the stage down with it
         _end_group(process)
         raise
     reader.join(10)
-    output = "".join(lines)
+    output = "\n".join(lines) + ("\n" if lines else "")
     if timed_out or process.returncode != 0:
         raise StageFailed(cmd, process.returncode if not timed_out else 124, output, timed_out)
     return output
@@ -145,6 +148,26 @@ def _end_group(process: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def progress_filtered(stream: Iterable[str], every_s: float = PROGRESS_EVERY_S) -> Iterator[str]:
+    """The lines of a stage's output for the flow's log, with progress bars thinned out.
+
+    ``stream`` yields pieces ending in "\n" or "\r" (a text stream opened with ``newline=""``). A piece ending
+    in "\r" alone is a bar redrawing its line: it is passed on only when ``every_s`` seconds have gone by since
+    the last one passed on, so a long bar shows in the log now and then and a short one not at all. A bar's last
+    state, ended by "\n", is an ordinary line; blank pieces (a bar erasing itself) are dropped."""
+    last = time.monotonic()
+    for piece in stream:
+        text = piece.rstrip("\r\n")
+        if not text.strip():
+            continue
+        if piece.endswith("\r"):
+            now = time.monotonic()
+            if now - last < every_s:
+                continue
+            last = now
+        yield text
 
 
 def retry_if_transient(task, task_run, state) -> bool:  # noqa: ANN001 (Prefect's callback signature)

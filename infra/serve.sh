@@ -33,6 +33,7 @@ export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"      # this checkout's ser
 export PREFECT_API_URL="${PREFECT_PUBLIC_API_URL:-http://127.0.0.1:$PREFECT_PORT/api}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING"       # clients: CLI, worker, watcher, flow runs
+export DO_NOT_TRACK="${DO_NOT_TRACK:-1}" MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export PATH="$BIN:$PATH"
 
 running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
@@ -80,6 +81,8 @@ PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true \
 PREFECT_SERVER_CORS_ALLOWED_ORIGINS="${PREFECT_UI_ORIGIN:-http://127.0.0.1:$PREFECT_PORT}" \
   start prefect-server "$BIN/prefect" server start --host "$PREFECT_HOST" --port "$PREFECT_PORT"
 wait_http prefect-server "http://127.0.0.1:$PREFECT_PORT/api/health" 120
+# Flows started by hand from this checkout find the server here (flows/__init__.py), while its pid is alive.
+echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
 
 # MLflow: the tracking + registry server over the store that `make run` fills (sqlite + mlartifacts), with
 # the basic-auth app. From here on everything this script starts talks to it over HTTP, never to the file.

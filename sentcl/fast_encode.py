@@ -109,6 +109,21 @@ def model_max_length(path: str | Path) -> int:
     return min(limits) if limits else 512
 
 
+def count_truncated(tokenizer, sentences: Sequence[str], max_length: int) -> int:
+    """How many ``sentences`` have more than ``max_length`` tokens (special tokens included), i.e. lose their
+    end to truncation. Only the sentences that reach the limit when truncated are tokenized again in full."""
+    ids = tokenizer([str(s).strip() for s in sentences], truncation=True, max_length=max_length)["input_ids"]
+    return _count_over(tokenizer, sentences, ids, max_length)
+
+
+def _count_over(tokenizer, sentences: Sequence[str], truncated_ids: list[list[int]], max_length: int) -> int:
+    at_limit = [str(sentences[i]).strip() for i, x in enumerate(truncated_ids) if len(x) >= max_length]
+    if not at_limit:
+        return 0
+    full = tokenizer(at_limit, truncation=False, verbose=False)["input_ids"]
+    return sum(len(x) > max_length for x in full)
+
+
 class _Pooled(nn.Module):
     """The transformer plus pooling as one graph, so ONNX Runtime returns sentence vectors directly."""
 
@@ -166,6 +181,7 @@ class FastEncoder:
         self.dim = int(self.torch_model.model.config.hidden_size)
         self.session = None
         self.backend = "torch"
+        self.last_truncated = 0  # sentences cut to max_length by the last call (or batches())
         if backend == "onnx":
             self._start_onnx()
 
@@ -180,6 +196,7 @@ class FastEncoder:
         """(row indices, input_ids, attention_mask) over all sentences sorted by token length, each batch
         holding at most ``max_tokens`` padded tokens (and ``max_batch`` rows)."""
         ids = self._tokenize(sentences)
+        self.last_truncated = _count_over(self.tokenizer, sentences, ids, self.max_length)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         order = np.argsort(lengths, kind="stable")
         start = 0

@@ -1,6 +1,7 @@
 """STS benchmark of model folders: STS12-16, STS-B test, SICK-R test (Spearman x 100, protocols "all" and "mean").
 
     python -m stages.evaluate                                   # DVC stage: every checkpoint -> metrics/sts.{json,md}
+                                                                #   + metrics/eval/<checkpoint>.json (DVC metrics)
     python -m stages.evaluate --model DIR [--output FILE.json]  # one model: the standalone JSON; logs nothing
     python -m stages.evaluate --model NAME=DIR ... --output F   # several: {NAME: standalone JSON}; logs nothing
 
@@ -110,6 +111,18 @@ def not_a_model_folder(model: str | Path) -> str | None:
     return None
 
 
+def write_summaries(results: dict[str, Any], folder: Path) -> None:
+    """The DVC metrics: one small file per checkpoint, {"avg", "stsb_dev"} to 2 decimals of Spearman x 100.
+
+    One file per checkpoint, with the same two keys, because `dvc metrics show` prints one column per distinct
+    key: a single file keyed by checkpoint would make twelve. The full tables stay in sts.json (not a metric)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, result in results.items():
+        dev = result.get("stsb_dev")
+        summary = {"avg": round(result["all"]["avg"], 2), "stsb_dev": None if dev is None else round(dev, 2)}
+        (folder / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+
+
 def run_pipeline(
     params: dict[str, Any], data: Path, pooling: str | None, backend: str | None
 ) -> dict[str, Any]:
@@ -144,6 +157,7 @@ def run_pipeline(
         log.info(_summary(name, results[name]))
     METRICS.mkdir(parents=True, exist_ok=True)
     (METRICS / "sts.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_summaries(results, METRICS / "eval")
     table = (
         f"# STS benchmark by checkpoint\n\nSpearman x 100 of cosine similarity, pooling `{pooling}`, "
         'protocol "all" (each task\'s subsets concatenated; ConSERT Table 3).\n\n'

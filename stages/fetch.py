@@ -80,6 +80,18 @@ def choose_source(config: FetchConfig) -> tuple[str, str]:
     return "upstream", config.upstream
 
 
+def portable_source(source: str) -> str:
+    """How MANIFEST.json names a source: a URL as it is, a local folder or tarball without its absolute path.
+    The manifest is part of data/raw, whose DVC hash must not change with where a checkout or mirror lives;
+    the sha256 of every file says what the data are."""
+    if source.split("://", 1)[0] in ("http", "https"):
+        return source
+    path = Path(source.removeprefix("file://")).expanduser()
+    if path.resolve() == SHARED_MIRROR.resolve():
+        return "../shared/senteval"  # the team mirror beside every checkout
+    return f"local {'folder' if path.is_dir() else 'file'} {path.name}"
+
+
 def is_url(source: str) -> bool:
     return source.split("://", 1)[0] in ("http", "https", "file")
 
@@ -231,14 +243,14 @@ def fetch(config: FetchConfig, output: Path = RAW) -> dict:
             raise FetchError(f"{source} ({setting}) lacks {len(missing)} required files: {shown}")
 
         manifest = {
-            "source": source,
+            "source": portable_source(source),
             "source_setting": setting,
             "full_nli": config.full_nli,
             "files": {
                 path.relative_to(staging).as_posix(): {
                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                     "bytes": path.stat().st_size,
-                    "origin": origins.get(path.relative_to(staging).as_posix(), source),
+                    "origin": portable_source(origins.get(path.relative_to(staging).as_posix(), source)),
                 }
                 for path in sorted(staging.rglob("*"))
                 if path.is_file()

@@ -15,7 +15,6 @@ import html
 import io
 import json
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -166,7 +165,8 @@ def render(metrics: Path = METRICS, plots: Path = PLOTS) -> str:
         "<!doctype html><html><head><meta charset='utf-8'><title>sentcl report</title>",
         f"<style>{STYLE}</style></head><body>",
         "<h1>Contrastive sentence encoders: results</h1>",
-        f"<p class='note'>Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} from commit "
+        # The commit, not the clock: the same inputs give the same bytes, so DVC sees no change (issue 14).
+        f"<p class='note'>Generated from commit "
         f"{html.escape(commit.strip() or '?')} (working tree). All scores are Spearman correlation x 100 between the "
         "cosine similarity of the two sentence embeddings and the human similarity score.</p>",
         "<h2>STS benchmark by checkpoint</h2>",

@@ -230,7 +230,9 @@ def run_stage(
         write_curves(result.rows, curves)
         metrics_path = Path(metrics_dir) / "train" / f"{stage}.json"
         metrics_path.parent.mkdir(parents=True, exist_ok=True)
-        metrics_path.write_text(json.dumps(metrics, indent=2) + "\n")
+        # A DVC metric: scores to 2 decimals of Spearman x 100, no wall time (seconds: the log line and MLflow).
+        record = {k: round(v, 2) if isinstance(v, float) else v for k, v in metrics.items() if k != "seconds"}
+        metrics_path.write_text(json.dumps(record, indent=2) + "\n")
         verdict = (
             f"best at step {result.best_step}" if result.beat_init else "never beat its init: output = init"
         )

@@ -2,7 +2,8 @@
 
 Writes data/processed/pairs.parquet (task, subset, split, sentence1, sentence2, score, source, line) and
 data/processed/nli.parquet (dataset, split, premise, hypothesis, label, source, line), and the report
-reports/validation.json. On any violation it prints one line per violation (file:line: rule), exits non-zero and
+reports/validation.json (an uncached output), with metrics/validate.json (pairs, violations) as the DVC metric.
+On any violation it prints one line per violation (file:line: rule), exits non-zero and
 leaves the previous data/processed untouched: the new tables are written to a temporary folder and swapped in
 only on success.
 """
@@ -30,7 +31,7 @@ from sentcl.senteval import (
     read_all_nli,
     read_all_pairs,
 )
-from stages.common import PROCESSED, RAW, REPORTS
+from stages.common import METRICS, PROCESSED, RAW, REPORTS, ROOT
 
 SHOWN_PER_RULE = 20  # the report holds every violation; the terminal gets this many per rule
 
@@ -188,7 +189,6 @@ def validate(
     raw: Path = RAW, processed: Path = PROCESSED, report_path: Path = REPORTS / "validation.json"
 ) -> dict:
     """Parse, check and (only if clean) publish. Returns the report that is also written to ``report_path``."""
-    started = time.perf_counter()
     problems: list[DataFormatError] = []
     if not raw.is_dir() or not any(raw.iterdir()):
         problems.append(DataFormatError(raw, None, "data folder is not empty", "run the fetch stage first"))
@@ -206,20 +206,30 @@ def validate(
     violations += expectation_violations
     report = {
         "success": not violations,
-        "raw": str(raw),
+        "raw": repo_relative(raw),  # tracked in git: no machine's absolute path
         "parse_problems": len(problems),
         "expectations": summaries,
         "violations": [asdict(v) for v in violations],
         "pairs": {f"{t} {s}": int(n) for (t, s), n in pairs.groupby(["task", "split"]).size().items()},
         "nli_pairs": {f"{d} {s}": int(n) for (d, s), n in nli.groupby(["dataset", "split"]).size().items()},
         "unscored_pairs_skipped": unscored,
-        "seconds": round(time.perf_counter() - started, 2),
     }
     report_path.parent.mkdir(parents=True, exist_ok=True)
     report_path.write_text(json.dumps(report, indent=2) + "\n")
     if not violations:
         publish(processed, {"pairs.parquet": pairs, "nli.parquet": nli})
     return report
+
+
+def repo_relative(path: Path) -> str:
+    resolved = Path(path).resolve()
+    return resolved.relative_to(ROOT).as_posix() if resolved.is_relative_to(ROOT) else str(path)
+
+
+def summary(report: dict) -> dict:
+    """The DVC metric: two numbers (the full report is an output, not a metric)."""
+    pairs = sum(report["pairs"].values()) + sum(report["nli_pairs"].values())
+    return {"pairs": pairs, "violations": len(report["violations"])}
 
 
 def publish(processed: Path, tables: dict[str, pd.DataFrame]) -> None:
@@ -240,7 +250,11 @@ def publish(processed: Path, tables: dict[str, pd.DataFrame]) -> None:
 
 
 def main() -> None:
+    started = time.perf_counter()
     report = validate()
+    seconds = time.perf_counter() - started
+    METRICS.mkdir(parents=True, exist_ok=True)
+    (METRICS / "validate.json").write_text(json.dumps(summary(report), indent=2) + "\n")
     violations = [Violation(**v) for v in report["violations"]]
     if violations:
         by_rule: dict[str, int] = {}
@@ -263,7 +277,7 @@ def main() -> None:
     total = sum(report["pairs"].values()) + sum(report["nli_pairs"].values())
     skipped = sum(report["unscored_pairs_skipped"].values())
     print(
-        f"validate: {total} pairs clean ({skipped} unscored STS pairs skipped) in {report['seconds']} s -> {PROCESSED}"
+        f"validate: {total} pairs clean ({skipped} unscored STS pairs skipped) in {seconds:.1f} s -> {PROCESSED}"
     )
 
 

@@ -81,7 +81,7 @@ def previous(tmp_path) -> Path:
 
 def test_fetch_copies_the_mirror_with_a_manifest_of_checksums(raw):
     manifest = json.loads((raw / "MANIFEST.json").read_text())
-    assert manifest["source"] == str(MIRROR)
+    assert manifest["source"] in ("../shared/senteval", f"local folder {MIRROR.name}")
     gold = "STS/STS12-en-test/STS.gs.MSRpar.txt"
     assert (raw / gold).read_bytes() == (MIRROR / gold).read_bytes()
     import hashlib
@@ -90,6 +90,21 @@ def test_fetch_copies_the_mirror_with_a_manifest_of_checksums(raw):
     assert {"SNLI/labels.dev", "SICK/SICK_test_annotated.txt", "STS/STSBenchmark/sts-dev.csv"} <= set(
         manifest["files"]
     )
+
+
+def test_manifest_names_no_absolute_path_so_data_raw_hashes_alike_everywhere(tmp_path):
+    """Issue 14: MANIFEST.json is inside data/raw; the mirror's location must not change its bytes."""
+    manifests = []
+    for where in ("a", "b/deeper"):
+        mirror = tmp_path / where / "senteval"
+        shutil.copytree(MIRROR, mirror)
+        out = tmp_path / where / "raw"
+        fetch_stage.fetch(config(mirror=str(mirror)), out)
+        manifests.append((out / "MANIFEST.json").read_bytes())
+    assert manifests[0] == manifests[1]
+    manifest = json.loads(manifests[0])
+    assert manifest["source"] == "local folder senteval"
+    assert str(tmp_path) not in manifests[0].decode()
 
 
 def test_environment_variable_wins_over_params(monkeypatch, tmp_path):
@@ -188,6 +203,10 @@ def test_empty_mirror_folder_is_refused_and_keeps_the_previous_data(tmp_path):
 def test_validate_real_mirror_gives_senteval_counts(raw, tmp_path):
     report = validate_stage.validate(raw, tmp_path / "processed", tmp_path / "validation.json")
     assert report["success"], report["violations"][:5]
+    # The report is tracked in git: no wall time, and no absolute path for data inside the repository.
+    assert "seconds" not in report
+    assert validate_stage.repo_relative(validate_stage.RAW) == "data/raw"
+    assert validate_stage.summary(report) == {"pairs": sum(report["pairs"].values()) + 19666, "violations": 0}
     assert {k: report["pairs"].get(k, report["nli_pairs"].get(k)) for k in SENTEVAL_COUNTS} == SENTEVAL_COUNTS
     assert report["nli_pairs"] == {"SNLI dev": 9842, "SNLI test": 9824}
     pairs = pd.read_parquet(tmp_path / "processed/pairs.parquet")

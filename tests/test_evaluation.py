@@ -338,3 +338,10 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
     assert written["transfer-joint"]["model"] == "models/transfer-joint"
     table = (metrics / "sts.md").read_text()
     assert table.count("| transfer-nli |") == 2  # once per protocol table
+    # The DVC metrics: one small file per checkpoint, two keys, two decimals, no wall time or path (issue 14).
+    for name in stage.CHECKPOINTS:
+        summary = json.loads((metrics / "eval" / f"{name}.json").read_text())
+        assert summary == {
+            "avg": round(written[name]["all"]["avg"], 2),
+            "stsb_dev": round(written[name]["stsb_dev"], 2),
+        }

@@ -282,3 +282,57 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+# ---------------------------------------------------------------- quiet logs, one Prefect home (issue 14)
+
+
+def test_a_progress_bar_becomes_at_most_a_few_lines_of_the_flow_log(capsys):
+    """A stage that redraws a bar 500 times gives the flow's log its final state, not 500 lines."""
+    from flows.common import run_stage
+
+    bar = (
+        "import sys\n"
+        "print('loading', flush=True)\n"
+        "for i in range(500): sys.stderr.write(f'\\rencode {i}/500'); sys.stderr.flush()\n"
+        "sys.stderr.write('\\rencode 500/500\\n'); sys.stderr.write('\\r' + ' ' * 20 + '\\r')\n"
+        "print('done', flush=True)\n"
+    )
+    output = run_stage([sys.executable, "-c", bar])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed == ["loading", "encode 500/500", "done"]
+    assert output.splitlines() == printed
+
+
+def test_every_entry_point_runs_with_telemetry_off_and_one_prefect_home(tmp_path):
+    """A fresh `python -m flows...` process (no variables set) sees analytics off and PREFECT_HOME = .prefect/."""
+    import os
+
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("DO_NOT_TRACK", "PREFECT_HOME", "PREFECT_API_URL")
+    }
+    env |= {"SENTCL_RUN_DIR": str(tmp_path)}  # no `make serve` running for this checkout
+    probe = (
+        "import flows, os, json; print(json.dumps({k: os.environ.get(k) for k in "
+        "['PREFECT_HOME', 'PREFECT_SERVER_ANALYTICS_ENABLED', 'MLFLOW_DISABLE_TELEMETRY', 'DO_NOT_TRACK', "
+        "'PREFECT_API_URL']}))"
+    )
+    import json
+
+    seen = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert seen["PREFECT_HOME"] == str(ROOT / ".prefect")
+    assert seen["PREFECT_SERVER_ANALYTICS_ENABLED"] == "false" and seen["MLFLOW_DISABLE_TELEMETRY"] == "true"
+    assert seen["DO_NOT_TRACK"] == "1" and seen["PREFECT_API_URL"] is None
+    # While `make serve` runs (its pid alive, its URL recorded), a flow started by hand uses that server.
+    (tmp_path / "prefect-server.pid").write_text(str(os.getpid()))
+    (tmp_path / "prefect-api-url").write_text("http://127.0.0.1:4321/api\n")
+    seen = json.loads(
+        subprocess.run(
+            [sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert seen["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"

@@ -205,15 +205,19 @@ def test_champion_pyfunc_equals_the_exported_folder(exported):
 
 
 @pytest.mark.slow
-def test_embed_file_with_the_champion(exported, tmp_path):
+def test_embed_file_with_the_champion(exported, tmp_path, capsys):
     from sentence_transformers import SentenceTransformer
 
     from stages import embed
 
     (tmp_path / "in.txt").write_text("a man is playing guitar\ntwo dogs\nthe girl is eating food\n")
-    embed.main(
-        ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.npy"), "--batch-size", "2"]
+    assert (
+        embed.main(
+            ["--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.npy"), "--batch-size", "2"]
+        )
+        == 0
     )
+    assert "embed: model = champion = version 1 of sentcl-encoder" in capsys.readouterr().out
     vectors = np.load(tmp_path / "out.npy")
     expected = SentenceTransformer(str(exported["release"])).encode(["two dogs"])[0]
     np.testing.assert_allclose(vectors[1], expected, atol=1e-6)
