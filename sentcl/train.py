@@ -38,6 +38,7 @@ from tqdm.auto import tqdm
 
 from sentcl.encoder import Encoder
 from sentcl.losses import NLIHead, nli_loss, nt_xent, sup_simcse
+from sentcl.precision import bf16_autocast, use_bf16
 from sentcl.sts import STSEvaluator
 from sentcl.views import DISABLE_ENCODER_DROPOUT, NEEDS_LABELS, VIEWS, ViewConfig, make_view
 
@@ -74,7 +75,8 @@ class TrainConfig:
     save_steps: int = 0  # resume checkpoint every this many steps; 0 = at every evaluation
     seed: int = 42
     device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    bf16: bool = True  # autocast on CUDA
+    bf16: bool | str = "auto"  # auto | true | false: bf16 autocast of the forward passes (sentcl.precision)
+    compile: bool = False  # torch.compile the encoder (measured slower end to end on 2 CPU cores: README)
 
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
@@ -279,7 +281,9 @@ class Trainer:
         self.progress, self.on_row = progress and self.rank == 0, on_row
         tok = encoder.tokenizer
         self.special_ids, self.pad_id = set(tok.all_special_ids), tok.pad_token_id or 0
-        self.autocast = self.device.type == "cuda" and config.bf16
+        self.autocast = use_bf16(config.bf16, self.device)
+        if config.compile:
+            self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
 
     # -- representations and loss --------------------------------------------------------------------------
 
@@ -287,7 +291,7 @@ class Trainer:
         return self.encoder.tokenize(sentences).to(self.device)
 
     def _embed(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
+        with bf16_autocast(self.device, self.autocast):
             return self.encoder(ids, mask, "last-avg", **kwargs)
 
     def _view(self, name: str, batch: dict[str, torch.Tensor], adversarial_grad=None) -> torch.Tensor:
@@ -444,7 +448,8 @@ class Trainer:
             m.mul_(self.cfg.momentum).add_(p.detach(), alpha=1 - self.cfg.momentum)
         self.momentum_model.train(self.cfg.encoder_dropout)
         batch = self._tokenize(items)
-        out = self.momentum_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+        with bf16_autocast(self.device, self.autocast):
+            out = self.momentum_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
         mask = batch["attention_mask"].unsqueeze(-1).to(out.last_hidden_state.dtype)
         z = (out.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
         self.queue = torch.cat([z.float(), self.queue])[: self.cfg.queue_size]
