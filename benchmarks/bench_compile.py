@@ -37,7 +37,9 @@ def main() -> None:
     trainers, totals, firsts = {}, {}, {}
     for name, compiled in (("eager", False), ("compiled", True)):
         config = stage_config(
-            params, "transfer", {"mode": "transfer", "steps": args.steps, "compile": compiled, "bf16": args.bf16}
+            params,
+            "transfer",
+            {"mode": "transfer", "steps": args.steps, "compile": compiled, "bf16": args.bf16},
         )
         init = Encoder.from_pretrained(params["model"]["name"], max_length=config.max_length)
         trainers[name] = Trainer(init, config, texts, dev, progress=False)
@@ -54,7 +56,10 @@ def main() -> None:
             if step == 0:
                 firsts[name] = seconds
         if (step + 1) % 10 == 0 or step + 1 == steps:
-            print(f"step {step + 1}/{steps}: " + ", ".join(f"{n} {t:.1f} s" for n, t in totals.items()), flush=True)
+            print(
+                f"step {step + 1}/{steps}: " + ", ".join(f"{n} {t:.1f} s" for n, t in totals.items()),
+                flush=True,
+            )
     cfg = trainers["eager"].cfg
     print(
         f"{steps} transfer steps of batch {cfg.batch_size}, views {list(cfg.views)}, "

@@ -28,7 +28,9 @@ GRAVITON2 = "fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpu
 
 def cpuinfo(tmp_path, flags: str, key: str = "flags", name: str = "cpuinfo") -> str:
     path = tmp_path / name
-    path.write_text("".join(f"processor\t: {i}\nmodel name\t: test\n{key}\t\t: {flags}\n\n" for i in range(2)))
+    path.write_text(
+        "".join(f"processor\t: {i}\nmodel name\t: test\n{key}\t\t: {flags}\n\n" for i in range(2))
+    )
     return str(path)
 
 
