@@ -1,7 +1,8 @@
 """Does ``train.compile: true`` pay for itself? The transfer stage's own steps, eager against compiled, end to end.
 
 Two trainers with the transfer stage's settings (params.yaml: views, batch size, max length, steps) start from the
-same model and take the same batches of the default target text (the seven STS test sets' sentences). Their steps
+same model and take the same batches of the default target text (``transfer.texts``) with the ``transfer.base``
+recipe. Their steps
 alternate (eager, compiled, eager, ...) so that a shared machine slows both alike. The compiled total includes
 every compilation (the first step, and recompiles when a batch's padded length changes): what a stage run pays.
 Evaluation is left out of both (it runs the same encoder: compiling it costs one more compilation, never less).
@@ -19,8 +20,9 @@ import torch
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer
-from stages.common import PROCESSED, load_params
-from stages.training import load_pairs, stage_config, sts_test_sentences
+from stages.common import PROCESSED, RAW, load_params
+from stages.training import load_nli, load_pairs, stage_config, transfer_texts
+from stages.transfer import STAGE_KEYS
 
 
 def main() -> None:
@@ -32,7 +34,8 @@ def main() -> None:
     parser.add_argument("--bf16", default="false", help="auto | true | false (default false: fp32)")
     args = parser.parse_args()
     params = load_params()
-    texts = sts_test_sentences(load_pairs(args.processed))
+    pairs, nli = load_pairs(args.processed), load_nli(args.processed)
+    texts = transfer_texts(params["transfer"]["texts"], pairs, nli, RAW)
     dev = [("a", "b", 0.0), ("c", "d", 1.0)]  # unused: no evaluation here
     trainers, totals, firsts = {}, {}, {}
     for name, compiled in (("eager", False), ("compiled", True)):
@@ -40,6 +43,8 @@ def main() -> None:
             params,
             "transfer",
             {"mode": "transfer", "steps": args.steps, "compile": compiled, "bf16": args.bf16},
+            "base",
+            STAGE_KEYS,
         )
         init = Encoder.from_pretrained(params["model"]["name"], max_length=config.max_length)
         trainers[name] = Trainer(init, config, texts, dev, progress=False)

@@ -3,7 +3,7 @@
 What it measures, on one process that joins a process group (NCCL on CUDA, gloo on CPU; world size 1 unless
 started by ``torchrun``) so that the trainer takes its distributed path:
 
-- training: ``sentcl.train.Trainer.train_step`` with the transfer stage's views and temperature (params.yaml),
+- training: ``sentcl.train.Trainer.train_step`` with the transfer stage's ``transfer.base`` recipe (params.yaml),
   bf16 autocast (``--bf16``), at ``--batch-size`` sentences a step (``auto``: the largest power of two, up to
   ``--max-batch``, whose step fits in device memory); median step time over ``--steps`` timed steps after
   ``--warmup`` steps; tokens/s (padded tokens, what the device computes) and model FLOPs utilisation;
@@ -47,6 +47,7 @@ from sentcl.precision import bf16_autocast
 from sentcl.train import Trainer, select_device
 from stages.common import RAW, SHARED_MIRROR, load_params
 from stages.training import stage_config
+from stages.transfer import STAGE_KEYS
 
 H200_DENSE_BF16_TFLOPS = 989.0
 
@@ -202,8 +203,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "max_length": args.max_length,
             "warmup_ratio": 0.0,
             "steps": 10**6,
-            "batch_size": world,
+            "batch_size": 2 * world,
         },
+        "base",
+        STAGE_KEYS,
     )
     encoder = build_encoder(model, args.max_length)
     texts, source = sentences(max(args.max_batch, args.eval_sentences, 64))

@@ -23,7 +23,10 @@ from transformers import AutoModel, AutoTokenizer
 
 from sentcl.encoder import Encoder, resolve_model_path
 from sentcl.precision import cpu_has_native_bf16, use_bf16
-from sentcl.train import TrainConfig, Trainer, select_device
+from sentcl.train import Trainer, select_device
+from stages.common import load_params
+from stages.training import stage_config
+from stages.transfer import STAGE_KEYS
 
 
 class PeakMemory:
@@ -99,8 +102,11 @@ def ours(
     bf16: bool,
 ):
     encoder = Encoder.from_pretrained(model_path)
-    config = TrainConfig(mode="transfer", preset="simcse", temperature=t, lr=lr, batch_size=len(sentences),
-                         max_length=max_length, steps=10**6, warmup_ratio=0, device=str(device), bf16=bf16)  # fmt: skip
+    # The peer's work: dropout as the only view, NT-Xent over both directions, every other setting params.yaml's.
+    overrides = {"mode": "transfer", "loss": "nt_xent", "views": ("none", "none"), "encoder_dropout": True,
+                 "alpha": 1.0, "temperature": t, "lr": lr, "batch_size": len(sentences), "max_length": max_length,
+                 "steps": 10**6, "warmup_ratio": 0.0, "device": str(device), "bf16": bf16, "compile": False}  # fmt: skip
+    config = stage_config(load_params(), "transfer", overrides, "base", STAGE_KEYS)
     trainer = Trainer(encoder, config, sentences, [("a", "b", 0.0), ("c", "d", 1.0)], progress=False)
     counter = iter(range(1, 10**6))
     return lambda: trainer.train_step(sentences, next(counter))

@@ -9,9 +9,9 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.precision import bf16_autocast, cpu_has_native_bf16, parse_bf16, use_bf16
-from sentcl.train import TrainConfig, Trainer
+from sentcl.train import ConfigError, Trainer
 from stages.common import ROOT
-from tests.tiny import make_tiny_encoder, tiny_sentences
+from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 
 CPU = torch.device("cpu")
 TEXTS = tiny_sentences(32, seed=3)
@@ -87,11 +87,13 @@ def test_other_values_are_refused_with_the_allowed_ones(bad):
         parse_bf16(bad)
 
 
-def test_params_yaml_default_is_auto_and_the_dataclass_agrees():
+def test_params_yaml_says_auto_and_no_compile_and_a_bad_value_names_the_key():
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    assert params["train"]["bf16"] == "auto"
-    assert TrainConfig().bf16 == "auto"
-    assert params["train"]["compile"] is TrainConfig().compile
+    assert (params["train"]["bf16"], params["train"]["compile"]) == ("auto", False)
+    config = train_config()
+    assert (config.bf16, config.compile) == ("auto", False)
+    with pytest.raises(ConfigError, match="^bf16: one of auto, true, false, got 'yes'$"):
+        train_config(bf16="yes")
 
 
 def test_autocast_context_runs_matmuls_in_bf16_only_when_enabled():
@@ -109,7 +111,9 @@ def tiny_model(tmp_path_factory):
 
 
 def trainer(model_dir, bf16) -> Trainer:
-    config = TrainConfig(steps=2, batch_size=8, lr=1e-3, device="cpu", bf16=bf16, views=("none", "none"))
+    config = train_config(
+        steps=2, batch_size=8, lr=1e-3, bf16=bf16, views=("none", "none"), encoder_dropout=False
+    )
     return Trainer(Encoder.from_pretrained(str(model_dir)), config, TEXTS, DEV, progress=False)
 
 
@@ -130,15 +134,15 @@ def test_forced_bf16_trains_the_encoder_in_bf16_and_the_loss_in_fp32(tiny_model)
     assert dtypes == {torch.bfloat16}  # every linear layer of the encoder ran in bf16
     loss = run.loss(reps)
     assert loss.dtype == torch.float32
-    # The loss equals NT-Xent computed by hand in fp64 from the same bf16 embeddings (SimCSE's formula,
-    # princeton-nlp/SimCSE simcse/models.py: cos_sim / temp, cross-entropy against the other view).
-    z = torch.cat([reps["z1"], reps["z2"]]).double()
-    z = z / z.norm(dim=-1, keepdim=True)
-    sim = z @ z.T / run.cfg.temperature
-    sim.fill_diagonal_(float("-inf"))
-    n = 8
-    target = torch.cat([torch.arange(n, 2 * n), torch.arange(n)])
-    expected = torch.nn.functional.cross_entropy(sim, target)
+    # The loss equals ConSERT's NT-Xent computed by hand in fp64 from the same embeddings
+    # (yym6472/ConSERT sentence_transformers/losses/AdvCLSoftmaxLoss.py _contrastive_loss_forward: both directions
+    # summed, each a mean over the N anchors), times the contrastive weight alpha.
+    a, b = (x.double() / x.double().norm(dim=-1, keepdim=True) for x in (reps["z1"], reps["z2"]))
+    t, eye, labels = run.cfg.temperature, torch.eye(8, dtype=torch.float64) * 1e9, torch.arange(8)
+    ce = torch.nn.functional.cross_entropy
+    loss_a = ce(torch.cat([a @ b.T / t, a @ a.T / t - eye], dim=1), labels)
+    loss_b = ce(torch.cat([b @ a.T / t, b @ b.T / t - eye], dim=1), labels)
+    expected = run.cfg.alpha * (loss_a + loss_b)
     assert abs(loss.item() - expected.item()) < 1e-5
     run.train_step(TEXTS[:8], 1)
     assert all(p.dtype == torch.float32 for p in run.encoder.model.parameters())  # fp32 master weights
