@@ -90,9 +90,9 @@ def init_process_group(device: torch.device) -> str:
     backend = "nccl" if device.type == "cuda" else "gloo"
     if dist.is_initialized():
         return dist.get_backend()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL binds each rank to the current device
     if "WORLD_SIZE" in os.environ:
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
         dist.init_process_group(backend)
     else:
         store = Path(tempfile.mkdtemp()) / "store"
