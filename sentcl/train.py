@@ -105,7 +105,7 @@ class TrainConfig:
     seed: int
     device: str  # auto | cpu | cuda | cuda:N | mps
     bf16: bool | str  # auto | true | false: bf16 autocast of the encoder's forward passes (sentcl.precision)
-    compile: bool  # torch.compile the encoder in place (measured: loses end to end on 2 CPU cores, README)
+    compile: bool  # torch.compile the encoder in place (benchmarks/bench_compile.py measures whether it pays)
 
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
