@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_DISABLE_TELEMETRY = 1
 
-.PHONY: setup run test test-all lint format bench-train exp bench-eval bench-embed analyses report serve stop clean
+.PHONY: setup run test test-all lint format bench-train bench-gpu exp bench-eval bench-embed analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -44,9 +44,15 @@ lint: setup
 format: setup
 	$(VENV)/bin/ruff check --fix . && $(VENV)/bin/ruff format .
 
-# Training throughput of the transfer loop against a plain Hugging Face loop on the same batch, as a ratio.
+# Training throughput of the transfer loop (fp32 and bf16) against a plain Hugging Face fp32 loop, as ratios.
 bench-train: setup
 	$(PY) -m benchmarks.bench_train
+
+# One prepared run for a lent GPU: BERT-base in bf16 at a batch that fills the device, tokens/s, MFU against
+# GPU_ARGS="--peak-tflops N" (default H200, 989), NCCL, peak memory, evaluation; on a CPU, the bundled model.
+GPU_ARGS ?=
+bench-gpu: setup
+	$(PY) -m benchmarks.bench_gpu $(GPU_ARGS)
 
 # A named parameter profile (profiles/<name>.yaml) run as a DVC experiment: make exp PROFILE=paper
 PROFILE ?= paper

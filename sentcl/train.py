@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 
 from sentcl.encoder import Encoder
 from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
+from sentcl.precision import BF16_SETTINGS, use_bf16
 from sentcl.sts import STSEvaluator
 from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
 
@@ -103,7 +104,8 @@ class TrainConfig:
     save_steps: int  # resume checkpoint every this many steps; 0 = at every evaluation
     seed: int
     device: str  # auto | cpu | cuda | cuda:N | mps
-    bf16: bool  # autocast on CUDA
+    bf16: bool | str  # auto | true | false: bf16 autocast of the encoder's forward passes (sentcl.precision)
+    compile: bool  # torch.compile the encoder in place (benchmarks/bench_compile.py measures whether it pays)
 
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
@@ -158,6 +160,7 @@ class TrainConfig:
         need(self.patience is None or self.patience >= 1, "patience", "null or at least 1")
         need(self.min_delta >= 0, "min_delta", "not negative")
         need(self.save_steps >= 0, "save_steps", "not negative")
+        need(str(self.bf16).lower() in BF16_SETTINGS, "bf16", f"one of {', '.join(BF16_SETTINGS)}")
 
     @classmethod
     def from_sections(cls, sections: Sequence[tuple[str, dict[str, Any]]]) -> TrainConfig:
@@ -372,7 +375,9 @@ class Trainer:
         self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress, self.on_row = progress and self.rank == 0, on_row
-        self.autocast = self.device.type == "cuda" and config.bf16
+        self.autocast = use_bf16(config.bf16, self.device)
+        if config.compile:
+            self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
         self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
         self.embed = Embedder(
             self.encoder, config.view, self.generator, self.device, torch.bfloat16 if self.autocast else None
