@@ -108,6 +108,11 @@ class Encoder(nn.Module):
     def dim(self) -> int:
         return self.model.config.hidden_size
 
+    def get_embedding_dimension(
+        self,
+    ) -> int:  # the SentenceTransformer name, for load_folder_encoder's callers
+        return self.dim
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
@@ -179,3 +184,19 @@ class Encoder(nn.Module):
             )
         elif (path / POOLING_FILE).exists():  # a folder saved over: its old pooling no longer holds
             (path / POOLING_FILE).unlink()
+
+
+def load_folder_encoder(folder: str | Path, device: str | None = None):
+    """What to encode a model folder with, honouring the pooling it carries: ``SentenceTransformer(folder)``
+    when it carries none (sentence-transformers' own pooling config), else an ``Encoder`` with the folder's
+    pooling (PromptBERT) and its ``max_seq_length``. Both have ``encode(sentences, batch_size=...)`` -> float32
+    array and ``get_embedding_dimension()``. The one place embed, export and other consumers decide this."""
+    carried = read_model_pooling(folder) if Path(folder).is_dir() else None
+    if carried is None:
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(str(folder), device=device)
+    from sentcl.fast_encode import model_max_length
+
+    encoder = Encoder.from_pretrained(str(folder), max_length=model_max_length(folder))
+    return (encoder.to(device) if device else encoder).eval()

@@ -45,10 +45,10 @@ def resolve_model(model: str | None, scratch: Path) -> Path:
 
 def embed_file(input_path: Path, output_path: Path, model_dir: Path, batch_size: int = 256) -> int:
     """Write one vector per input line; batches bound memory on large files. Returns the number of lines."""
-    from sentence_transformers import SentenceTransformer
+    from sentcl.encoder import load_folder_encoder
 
     sentences = read_lines(input_path)
-    model = SentenceTransformer(str(model_dir))
+    model = load_folder_encoder(model_dir)  # SentenceTransformer, or the pooling the folder carries (prompt)
     output_path.parent.mkdir(parents=True, exist_ok=True)
     if output_path.suffix == ".jsonl":
         with open(output_path, "w", encoding="utf-8") as out:

@@ -20,6 +20,7 @@ import json
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +104,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
 
     from sentcl.encoder import Encoder
 
-    encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()
+    encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()  # the folder's own pooling
 
     class Pooled(torch.nn.Module):
         def __init__(self, inner: Encoder) -> None:
@@ -113,6 +114,14 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return self.inner(input_ids, attention_mask)
 
+    if encoder.pooling == "prompt":
+        from sentcl.prompt import PromptGraph
+
+        # [MASK] gather + per-length delta table in the graph; inputs are the prompt-tokenized sentence
+        graph = PromptGraph(encoder.model, encoder.prompt_pooler()).eval()
+    else:
+        graph = Pooled(encoder).eval()
+
     target = folder / "onnx" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
     batch = encoder.tokenize(CHECK_SENTENCES[:2])
@@ -120,7 +129,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     started = time.time()
     with torch.no_grad():
         torch.onnx.export(
-            Pooled(encoder).eval(),
+            graph,
             (batch["input_ids"], batch["attention_mask"]),
             str(target),
             input_names=["input_ids", "attention_mask"],
@@ -142,6 +151,8 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         "file": "onnx/model.onnx",
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
+        "pooling": encoder.pooling,
+        **({"prompt": asdict(encoder.prompt)} if encoder.pooling == "prompt" else {}),
         "max_abs_diff_vs_pytorch": diff,
         "tolerance": ONNX_TOLERANCE,
         "sentences_checked": len(CHECK_SENTENCES),
@@ -162,6 +173,20 @@ def _table(sts_row: dict[str, Any]) -> str:
             cells = [f"{row[t]:.2f}" if isinstance(row.get(t), int | float) else "-" for t in tasks]
             lines.append(f"| {protocol} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _prompt_note(onnx_report: dict[str, Any]) -> str:
+    prompt = onnx_report.get("prompt")
+    if not prompt:
+        return ""
+    return f"""
+**This model is pooled with a prompt (PromptBERT)**, recorded in `sentcl_pooling.json`: a sentence is put in
+the template `{prompt["template"]}` and its vector is the last-layer state at `[MASK]`
+{"minus the template's own [MASK] state at that sentence length (denoising)" if prompt["denoise"] else "(no denoising)"}.
+`SentenceTransformer(folder)` alone would mean-pool: use `sentcl.encoder.Encoder.from_pretrained(folder)` or the
+registered MLflow model. The ONNX graph expects the sentence already inside the template (tokens
+`[CLS] prefix sentence suffix [SEP]`, `sentcl.prompt.tokenize_prompt`).
+"""
 
 
 def model_card(info: dict[str, Any], params: dict[str, Any], sts_row: dict[str, Any]) -> str:
@@ -198,7 +223,7 @@ vectors = model.encode(["a sentence", "another one"])   # mean pooling, not norm
 
 `onnx/model.onnx` takes `input_ids` and `attention_mask` from this folder's tokenizer and returns the pooled
 `sentence_embedding`; it matches PyTorch to {info["onnx"]["max_abs_diff_vs_pytorch"]:.1e} (tolerance 1e-4).
-
+{_prompt_note(info["onnx"])}
 ## Training data and licences
 
 | data | licence | used for |
@@ -285,11 +310,10 @@ def log_and_register(
     domain: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One MLflow run `export` with the folder as a pyfunc model; then a `challenger` version and the gate."""
-    from sentence_transformers import SentenceTransformer
-
+    from sentcl.encoder import load_folder_encoder
     from stages import tracking
 
-    example_vectors = SentenceTransformer(str(output), device="cpu").encode(INPUT_EXAMPLE)
+    example_vectors = load_folder_encoder(output, device="cpu").encode(INPUT_EXAMPLE)
     metrics = tracking.sts_metrics(sts_row)
     metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
     started = time.time()

@@ -278,3 +278,49 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     stage.main([*argv, "--output", str(out), "--backend", "torch", "--no-progress", "--pooling", "prompt"])
     written = json.loads(out.read_text())
     assert written["m"]["prompt"]["template"] == PAPER_TEMPLATE and written["m"]["pooling"] == "prompt"
+
+
+def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tiny, tmp_path):
+    import onnxruntime as ort
+
+    from sentcl.fast_encode import model_max_length
+    from stages.embed import embed_file
+    from stages.export import export_onnx
+    from stages.pyfunc_encoder import SentenceEncoderModel
+
+    folder, _, _ = tiny
+    settings = PromptSettings(PAPER_TRAIN_TEMPLATES[0], denoise=True, add_period=True)
+    saved = tmp_path / "prompt-model"
+    Encoder.from_pretrained(str(folder), pooling="prompt", prompt=settings).save(saved)
+    sentences = ["a man is playing a guitar", "two dogs run", "x " * 40, "a cat?", ""]
+    encoder = Encoder.from_pretrained(str(saved), max_length=model_max_length(saved))
+    # The prompt vector by hand: the state at the mask of the filled-in template minus the empty template's.
+    with torch.no_grad():
+        ids = by_hand_ids(encoder.tokenizer, settings.template, "two dogs run.")
+        length = len(encoder.tokenizer.tokenize("two dogs run."))
+        by_hand = hand_state(encoder.model, encoder.tokenizer, ids) - hand_delta(
+            encoder.model, encoder.tokenizer, settings.template, length
+        )
+    expected = encoder.encode(sentences)
+    np.testing.assert_allclose(expected[1], by_hand.numpy(), atol=1e-5)
+
+    class Context:
+        artifacts = {"encoder": str(saved)}
+
+    served = SentenceEncoderModel()
+    served.load_context(Context())
+    np.testing.assert_allclose(served.predict(None, sentences), expected, atol=1e-5)
+
+    lines = tmp_path / "lines.txt"
+    lines.write_text("\n".join(sentences) + "\n")
+    embed_file(lines, tmp_path / "vectors.npy", saved, batch_size=2)
+    np.testing.assert_allclose(np.load(tmp_path / "vectors.npy"), expected, atol=1e-5)
+
+    report = export_onnx(saved, model_max_length(saved))
+    assert report["pooling"] == "prompt" and report["prompt"]["template"] == settings.template
+    session = ort.InferenceSession(str(saved / "onnx" / "model.onnx"), providers=["CPUExecutionProvider"])
+    batch = encoder.tokenize(sentences)
+    onnx_vectors = session.run(
+        None, {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
+    )[0]
+    np.testing.assert_allclose(onnx_vectors, expected, atol=1e-4)
