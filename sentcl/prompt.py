@@ -29,7 +29,7 @@ from torch import nn
 
 from sentcl.model_pooling import MASK, PromptSettings, check_template
 
-# The paper's manual templates (run.sh). ``bert-prompt`` scores an untrained bert-base-uncased with the first;
+# The paper's manual templates (run.sh). ``bert-prompt`` scores an untrained bert-base-uncased with PAPER_TEMPLATE;
 # ``unsup-bert`` trains on the pair PAPER_TRAIN_TEMPLATES and evaluates with its first, without the delta;
 # ``sup-bert`` trains and evaluates on PAPER_TRAIN_TEMPLATES[0] with the delta.
 # params.yaml holds the defaults (evaluate.prompt, train presets); these name the paper's values for tests.
@@ -139,7 +139,10 @@ def template_delta(model: nn.Module, template: TemplateIds, max_sentence_length:
     its suffix positions moved L places on. kongds/Prompt-BERT prompt_bert/models.py ``get_delta``:
         d_position_ids[:, len(bs)+1:] += arange(length)[:, None];  delta = last_hidden[input_ids == mask]
     (``len(bs)+1`` = our ``len(prefix)``: the prefix with [CLS]). The model's mode decides dropout and the
-    caller's grad mode decides gradient, as in the authors' training (``delta_freeze`` off by default)."""
+    caller's grad mode decides gradient, as in the authors' training (``delta_freeze`` off by default).
+    Two deliberate differences, neither changing their BERT numbers: each template shifts after its own prefix
+    (theirs uses the first template's ``bs`` for both; their two prefixes have the same length), and RoBERTa-type
+    models get their own position numbering (from pad_token_id + 1; theirs passes 0-based ids)."""
     device = next(model.parameters()).device
     rows = max_sentence_length + 1
     ids = torch.tensor([*template.prefix, *template.suffix], dtype=torch.long, device=device)
