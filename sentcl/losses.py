@@ -1,4 +1,7 @@
-"""Training objectives: NT-Xent, the NLI classifier, the joint loss and supervised SimCSE.
+"""Loss arithmetic: ConSERT's NT-Xent, SimCSE's InfoNCE, supervised SimCSE and the SBERT/ConSERT NLI classifier.
+
+Each function is a transcription of its anchor's formula (named beside it); ``sentcl.objectives`` decides which
+embeddings go in. Similarities and losses are computed in fp32 whatever the autocast dtype of the encoder.
 
 Under ``torch.distributed`` the contrastive losses all-gather the embeddings of every rank with gradient
 (``torch.distributed.nn.functional.all_gather``), so the negatives of each anchor span the global batch.
@@ -34,58 +37,87 @@ def gather_with_grad(x: torch.Tensor) -> tuple[torch.Tensor, int]:
     return torch.cat(parts), torch.distributed.get_rank() * x.shape[0]
 
 
+def _unit(x: torch.Tensor) -> torch.Tensor:
+    return F.normalize(x.float(), p=2, dim=-1)
+
+
 def nt_xent(
     z1: torch.Tensor,
     z2: torch.Tensor,
     temperature: float,
     extra_negatives: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """NT-Xent over the 2N views of a batch, with cosine similarity.
+    """ConSERT's NT-Xent, both directions summed (``AdvCLSoftmaxLoss._contrastive_loss_forward``)::
 
-    For the anchor ``z1[i]`` the positive is ``z2[i]`` (and vice versa); the other 2N-2 views are negatives,
-    plus ``extra_negatives`` (e.g. a momentum queue) when given. The loss is the mean over all 2N anchors.
-    Under ``torch.distributed`` N is the global batch.
+        loss_a = CE([z1 z2^T, z1 z1^T - 1e9 I] / t, i)      loss_b = CE([z2 z1^T, z2 z2^T - 1e9 I] / t, i)
+        loss   = loss_a + loss_b
+
+    with unit vectors (``do_hidden_normalization``). Each term is a mean over the N anchors, so the sum is twice
+    the mean over all 2N anchors. ``extra_negatives`` (ESimCSE's momentum queue) join the candidates of the
+    ``z1`` anchors only. Under ``torch.distributed`` N is the global batch.
     """
-    local = z1.shape[0]
-    g1, offset = gather_with_grad(z1)
-    g2, _ = gather_with_grad(z2)
-    n = g1.shape[0]
-    candidates = F.normalize(torch.cat([g1, g2]).float(), dim=-1)
-    anchors = F.normalize(torch.cat([z1, z2]).float(), dim=-1)  # this rank's 2 * local anchors
-    logits = anchors @ candidates.T / temperature
-    rows = torch.arange(local, device=z1.device) + offset
-    self_index = torch.cat([rows, rows + n])
-    positive = torch.cat([rows + n, rows])
-    logits[torch.arange(2 * local, device=z1.device), self_index] = float("-inf")
+    a, b = _unit(z1), _unit(z2)
+    ga, offset = gather_with_grad(a)
+    gb, _ = gather_with_grad(b)
+    labels = torch.arange(a.shape[0], device=a.device) + offset
+    self_mask = F.one_hot(labels, ga.shape[0]).to(a.dtype) * 1e9
+    logits_ab, logits_aa = a @ gb.T / temperature, a @ ga.T / temperature - self_mask
+    logits_ba, logits_bb = b @ ga.T / temperature, b @ gb.T / temperature - self_mask
+    anchors_a = [logits_ab, logits_aa]
     if extra_negatives is not None and extra_negatives.numel():
-        extra = anchors @ F.normalize(extra_negatives.float(), dim=-1).T / temperature
-        logits = torch.cat([logits, extra], dim=1)
-    return F.cross_entropy(logits, positive)
+        anchors_a.append(a @ _unit(extra_negatives).T / temperature)
+    loss_a = F.cross_entropy(torch.cat(anchors_a, dim=1), labels)
+    loss_b = F.cross_entropy(torch.cat([logits_ba, logits_bb], dim=1), labels)
+    return loss_a + loss_b
+
+
+def info_nce(
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    temperature: float,
+    extra_negatives: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """SimCSE's one-way InfoNCE (princeton-nlp/SimCSE ``simcse/models.py`` ``cl_forward``)::
+
+        loss = CE(cos(z1_i, z2_j) / t, i)          (N - 1 in-batch negatives per anchor)
+
+    ESimCSE (caskcsg/sentemb ``ESimCSE/esimcse/models.py``) appends ``cos(z1_i, queue_k) / t`` columns.
+    """
+    a, b = _unit(z1), _unit(z2)
+    gb, offset = gather_with_grad(b)
+    logits = [a @ gb.T / temperature]
+    if extra_negatives is not None and extra_negatives.numel():
+        logits.append(a @ _unit(extra_negatives).T / temperature)
+    labels = torch.arange(a.shape[0], device=a.device) + offset
+    return F.cross_entropy(torch.cat(logits, dim=1), labels)
 
 
 def sup_simcse(
     anchor: torch.Tensor, positive: torch.Tensor, hard_negative: torch.Tensor, temperature: float
 ) -> torch.Tensor:
-    """Supervised SimCSE: each premise against all entailment hypotheses (its own is the positive) and all
-    contradiction hypotheses (its own is a hard negative), cosine similarity, mean over anchors."""
-    local = anchor.shape[0]
-    gp, offset = gather_with_grad(positive)
-    gn, _ = gather_with_grad(hard_negative)
-    a = F.normalize(anchor.float(), dim=-1)
-    candidates = F.normalize(torch.cat([gp, gn]).float(), dim=-1)
-    logits = a @ candidates.T / temperature
-    return F.cross_entropy(logits, torch.arange(local, device=anchor.device) + offset)
+    """Supervised SimCSE (``simcse/models.py`` ``cl_forward`` with ``num_sent == 3``, hard_negative_weight 0):
+    each premise against all entailment hypotheses (its own is the positive) and all contradiction hypotheses."""
+    a = _unit(anchor)
+    gp, offset = gather_with_grad(_unit(positive))
+    gn, _ = gather_with_grad(_unit(hard_negative))
+    logits = a @ torch.cat([gp, gn]).T / temperature
+    return F.cross_entropy(logits, torch.arange(a.shape[0], device=a.device) + offset)
 
 
 class NLIHead(nn.Module):
-    """SBERT's classifier: a linear layer over concat(u, v, |u - v|) into the three NLI labels."""
+    """SBERT's classifier over concat(u, v, |u - v|); ConSERT's ``--concatenation_sent_max_square`` adds
+    ``max(u, v)^2`` (``AdvCLSoftmaxLoss._reps_to_output``)."""
 
-    def __init__(self, dim: int, num_labels: int = 3) -> None:
+    def __init__(self, dim: int, max_square: bool = False, num_labels: int = 3) -> None:
         super().__init__()
-        self.linear = nn.Linear(3 * dim, num_labels)
+        self.max_square = max_square
+        self.linear = nn.Linear((4 if max_square else 3) * dim, num_labels)
 
     def forward(self, u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.linear(torch.cat([u, v, (u - v).abs()], dim=-1))
+        features = [u, v, (u - v).abs()]
+        if self.max_square:
+            features.append(torch.max(u, v).pow(2))
+        return self.linear(torch.cat(features, dim=-1))
 
 
 def nli_loss(head: NLIHead, u: torch.Tensor, v: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -93,15 +125,13 @@ def nli_loss(head: NLIHead, u: torch.Tensor, v: torch.Tensor, labels: torch.Tens
     return F.cross_entropy(head(u.float(), v.float()), labels)
 
 
-def joint_loss(
-    head: NLIHead,
-    u: torch.Tensor,
-    v: torch.Tensor,
-    labels: torch.Tensor,
-    z1: torch.Tensor,
-    z2: torch.Tensor,
-    temperature: float,
-    alpha: float = 0.15,
-) -> torch.Tensor:
-    """ConSERT's joint objective: CE + alpha * NT-Xent, the contrastive part over two views of the NLI sentences."""
-    return nli_loss(head, u, v, labels) + alpha * nt_xent(z1, z2, temperature)
+class MLPProjection(nn.Module):
+    """SimCSE's training-only pooler head (``simcse/models.py`` ``MLPLayer``: dense + tanh); not saved with the
+    model, so evaluation sees the encoder's own pooling (``--mlp_only_train``)."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dense = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(x))

@@ -258,3 +258,22 @@ def read_all_nli(root: Path, problems: list[DataFormatError] | None = None) -> l
             if (multinli / f"s1.{split}").exists():
                 pairs += read_snli(multinli, split, problems, dataset="MultiNLI")
     return pairs
+
+
+def consert_corpus(root: Path) -> list[str]:
+    """ConSERT's unlabeled STS corpus (yym6472/ConSERT ``main.py --train_data stssick``, ``data_utils.load_datasets``
+    with ``use_all_unsupervised_texts``): both sentences of every line of STS12-16 (unscored lines included),
+    STS-B train/dev/test and SICK train/trial/test, repeats kept: 89,192 sentences on SentEval's files."""
+    root = Path(root)
+    sentences: list[str] = []
+    for _task, subset, folder in iter_sts_tasks(root):
+        for line in read_lines(Path(folder) / f"STS.input.{subset}.txt"):
+            columns = line.split("\t")
+            sentences += columns[:2]
+    for split in STSB_SPLITS:
+        sentences += [
+            s for p in read_stsb(root / "STS" / "STSBenchmark", split) for s in (p.sentence1, p.sentence2)
+        ]
+    for split in SICK_FILES:
+        sentences += [s for p in read_sick(root / "SICK", split) for s in (p.sentence1, p.sentence2)]
+    return sentences

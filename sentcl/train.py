@@ -19,7 +19,6 @@ hooks).
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import logging
@@ -28,7 +27,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -37,76 +36,160 @@ import torch
 from tqdm.auto import tqdm
 
 from sentcl.encoder import Encoder
-from sentcl.losses import NLIHead, nli_loss, nt_xent, sup_simcse
+from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
 from sentcl.sts import STSEvaluator
-from sentcl.views import DISABLE_ENCODER_DROPOUT, NEEDS_LABELS, VIEWS, ViewConfig, make_view
+from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
 
 log = logging.getLogger(__name__)
 
 MODES = ("nli", "joint", "transfer")
 OBJECTIVES = ("ce", "sup_simcse")
-PRESETS = {"simcse": {"views": ("none", "none"), "temperature": 0.05}}
+# A preset is a published recipe's loss, views, temperature and dropout; it overrides those keys of its section.
+PRESETS: dict[str, dict[str, Any]] = {
+    # princeton-nlp/SimCSE run_unsup_example.sh: dropout as the only view, one-way InfoNCE, temperature 0.05.
+    "simcse": {
+        "loss": "info_nce",
+        "views": ("none", "none"),
+        "temperature": 0.05,
+        "encoder_dropout": True,
+        "alpha": 1.0,
+    },
+    # caskcsg/sentemb ESimCSE/run.sh (bert-base): word repetition as view 2, momentum queue of 160, 0.995.
+    "esimcse": {
+        "loss": "info_nce",
+        "views": ("none", "word_repetition"),
+        "temperature": 0.05,
+        "encoder_dropout": True,
+        "alpha": 1.0,
+        "queue_size": 160,
+        "momentum": 0.995,
+    },
+}
+
+
+class ConfigError(ValueError):
+    """A params.yaml value that cannot run: the message is one line naming the key."""
 
 
 @dataclass
 class TrainConfig:
-    mode: str = "transfer"  # nli | joint | transfer
-    objective: str = "ce"  # nli mode: ce (SBERT classifier) | sup_simcse (hard negatives)
-    steps: int = 200  # optimizer steps at most
-    batch_size: int = 64  # sentences (transfer) or pairs (nli, joint) per step, over all ranks
-    grad_accum: int = 1  # micro-batches per step; negatives still span the whole batch
-    lr: float = 3e-6
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1  # linear warm-up, then linear decay to zero at ``steps``
-    max_grad_norm: float = 1.0  # 0 switches clipping off
-    temperature: float = 0.1
-    alpha: float = 0.15  # joint: CE + alpha * NT-Xent
-    head_lr: float | None = None  # the NLI classifier's lr (None: lr); it starts random, the encoder does not
-    views: tuple[str, str] = ("shuffle", "feature_cutoff")
-    view: ViewConfig = field(default_factory=ViewConfig)
-    preset: str | None = None  # "simcse": views none/none (encoder dropout only), temperature 0.05
-    queue_size: int = 0  # ESimCSE momentum-encoder queue of extra negatives (transfer mode); 0 = off
-    momentum: float = 0.995
-    max_length: int = 64
-    eval_steps: int = 50
-    patience: int = 3  # evaluations without a gain before stopping
-    min_delta: float = 0.0  # a gain is more than this many Spearman points (x100) over the best so far
-    save_steps: int = 0  # resume checkpoint every this many steps; 0 = at every evaluation
-    seed: int = 42
-    device: str = "auto"  # auto | cpu | cuda | cuda:N | mps
-    bf16: bool = True  # autocast on CUDA
+    """Every training setting; params.yaml (``train:`` + a stage's section) is the only home of their values."""
+
+    mode: str  # nli | joint | transfer
+    objective: str  # nli mode: ce (SBERT classifier) | sup_simcse (hard negatives)
+    loss: str  # the contrastive term: nt_xent (ConSERT, both directions) | info_nce (SimCSE, one way)
+    steps: int  # optimizer steps at most
+    batch_size: int  # sentences (transfer) or pairs (nli, joint) per step, over all ranks
+    grad_accum: int  # micro-batches per step; negatives still span the whole batch
+    lr: float
+    head_lr: float | None  # the NLI classifier's lr (None: lr)
+    weight_decay: float
+    warmup_ratio: float  # linear warm-up, then linear decay to zero at ``steps``
+    max_grad_norm: float  # 0 switches clipping off
+    temperature: float
+    alpha: float  # weight of the contrastive term (ConSERT's --cl_rate)
+    views: tuple[str, str]
+    view: ViewConfig
+    encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
+    max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
+    projection: bool  # SimCSE's training-only MLP over the sentence vector
+    preset: str | None  # simcse | esimcse: see PRESETS
+    queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
+    momentum: float
+    max_length: int
+    eval_steps: int
+    patience: int | None  # evaluations without a gain before stopping; null = never stop early
+    min_delta: float  # a gain is more than this many Spearman points (x100) over the best so far
+    save_steps: int  # resume checkpoint every this many steps; 0 = at every evaluation
+    seed: int
+    device: str  # auto | cpu | cuda | cuda:N | mps
+    bf16: bool  # autocast on CUDA
 
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
-            self.view = ViewConfig(**self.view)
+            self.view = _build(ViewConfig, self.view, "view")
         self.views = tuple(self.views)
-        if self.preset:
+        if self.preset is not None:
             if self.preset not in PRESETS:
-                raise ValueError(f"unknown preset {self.preset!r}; choose from {', '.join(PRESETS)}")
+                raise ConfigError(f"preset: unknown {self.preset!r}; choose from {', '.join(PRESETS)}")
             for key, value in PRESETS[self.preset].items():
                 setattr(self, key, value)
-        if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; choose from {', '.join(MODES)}")
-        if self.objective not in OBJECTIVES:
-            raise ValueError(f"unknown objective {self.objective!r}; choose from {', '.join(OBJECTIVES)}")
-        if len(self.views) != 2 or any(v not in VIEWS for v in self.views):
-            raise ValueError(f"views must be two of {', '.join(VIEWS)}, got {self.views}")
-        if self.mode != "joint" and NEEDS_LABELS & set(self.views):
-            raise ValueError("the adversarial view needs labels: use it in joint mode only")
-        if self.batch_size % self.grad_accum:
-            raise ValueError(
-                f"batch_size {self.batch_size} is not a multiple of grad_accum {self.grad_accum}"
+        self._check()
+
+    def _check(self) -> None:
+        def need(ok: bool, key: str, rule: str) -> None:
+            if not ok:
+                raise ConfigError(f"{key}: {rule}, got {getattr(self, key)!r}")
+
+        need(self.mode in MODES, "mode", f"one of {', '.join(MODES)}")
+        need(self.objective in OBJECTIVES, "objective", f"one of {', '.join(OBJECTIVES)}")
+        need(self.loss in CONTRASTIVE_LOSSES, "loss", f"one of {', '.join(CONTRASTIVE_LOSSES)}")
+        need(
+            len(self.views) == 2 and all(v in VIEWS for v in self.views),
+            "views",
+            f"two of {', '.join(VIEWS)}",
+        )
+        if NEEDS_LABELS & set(self.views):
+            need(
+                self.mode == "joint" and self.views[1] == "adversarial" and self.views[0] != "adversarial",
+                "views",
+                "adversarial needs labels: joint mode only, as the second view",
             )
+        need(self.steps >= 1, "steps", "at least 1")
+        contrastive = self.mode != "nli" or self.objective == "sup_simcse"
+        need(self.batch_size >= (2 if contrastive else 1), "batch_size", "at least 2 (in-batch negatives)")
+        need(self.grad_accum >= 1, "grad_accum", "at least 1")
+        need(
+            self.batch_size % self.grad_accum == 0,
+            "batch_size",
+            f"a multiple of grad_accum {self.grad_accum}",
+        )
+        need(self.lr >= 0, "lr", "not negative")
+        need(self.head_lr is None or self.head_lr >= 0, "head_lr", "null or not negative")
+        need(self.weight_decay >= 0, "weight_decay", "not negative")
+        need(0 <= self.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]")
+        need(self.max_grad_norm >= 0, "max_grad_norm", "not negative (0 = off)")
+        need(self.temperature > 0, "temperature", "greater than 0")
+        need(self.alpha >= 0, "alpha", "not negative")
+        need(self.queue_size >= 0, "queue_size", "not negative")
+        need(0 <= self.momentum < 1, "momentum", "in [0, 1)")
+        need(self.max_length >= 2, "max_length", "at least 2")
+        need(self.eval_steps >= 1, "eval_steps", "at least 1")
+        need(self.patience is None or self.patience >= 1, "patience", "null or at least 1")
+        need(self.min_delta >= 0, "min_delta", "not negative")
+        need(self.save_steps >= 0, "save_steps", "not negative")
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
-        """From a params.yaml section; keys that are not fields (e.g. a stage's own ``init``) are ignored."""
+    def from_sections(cls, sections: Sequence[tuple[str, dict[str, Any]]]) -> TrainConfig:
+        """Merge params.yaml sections in order (later wins; ``view`` merges key by key). A key that is not a
+        setting is an error naming the key and its section; so is a setting that no section gives."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in values.items() if k in names})
+        view_names = {f.name for f in fields(ViewConfig)}
+        values: dict[str, Any] = {"view": {}}
+        for section, items in sections:
+            for key, value in items.items():
+                if key not in names:
+                    raise ConfigError(f"{section}: unknown key {key!r}")
+                if key == "view":
+                    unknown = set(value or {}) - view_names
+                    if unknown:
+                        raise ConfigError(f"{section}.view: unknown key {sorted(unknown)[0]!r}")
+                    values["view"].update(value or {})
+                else:
+                    values[key] = value
+        missing = sorted(names - set(values)) + sorted(f"view.{k}" for k in view_names - set(values["view"]))
+        if missing:
+            raise ConfigError(f"{', '.join(s for s, _ in sections)}: no value for {missing[0]!r}")
+        return cls(**values)
 
-    @property
-    def encoder_dropout(self) -> bool:
-        return not (DISABLE_ENCODER_DROPOUT & set(self.views))
+
+def _build(kind: type, values: dict[str, Any], section: str) -> Any:
+    try:
+        return kind(**values)
+    except TypeError as exc:
+        raise ConfigError(f"{section}: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 @dataclass
@@ -197,7 +280,7 @@ def _rng_state(generator: torch.Generator) -> dict[str, Any]:
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
-        "numpy": np.random.get_state(),
+        "numpy": _numpy_state(),
         "views": generator.get_state(),
     }
     if torch.cuda.is_available():
@@ -205,10 +288,17 @@ def _rng_state(generator: torch.Generator) -> dict[str, Any]:
     return state
 
 
+def _numpy_state() -> tuple:
+    """NumPy's state with its key array as a tensor, so resume state loads with ``weights_only=True``."""
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    return (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
+
+
 def _set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
+    name, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
     generator.set_state(state["views"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
@@ -251,11 +341,17 @@ class Trainer:
         self.encoder = encoder.to(self.device)
         self.encoder.max_length = config.max_length
         self.encoder.pooling = "last-avg"
-        needs_head = config.mode == "joint" or (config.mode == "nli" and config.objective == "ce")
-        self.head = NLIHead(encoder.dim).to(self.device) if needs_head else None
-        groups = [{"params": [p for p in self.encoder.parameters() if p.requires_grad], "lr": config.lr}]
-        if self.head:
-            groups.append({"params": list(self.head.parameters()), "lr": config.head_lr or config.lr})
+        self.objective: Objective = build_objective(config, encoder.dim).to(self.device)
+        heads = [
+            p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
+        ]
+        head_ids = {id(p) for p in heads}
+        body = [p for p in self.objective.parameters() if id(p) not in head_ids]  # e.g. SimCSE's projection
+        groups = [
+            {"params": [p for p in self.encoder.parameters() if p.requires_grad] + body, "lr": config.lr}
+        ]
+        if heads:
+            groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
         self.params = [p for group in groups for p in group["params"]]
         self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
         warmup = int(config.warmup_ratio * config.steps)
@@ -266,10 +362,9 @@ class Trainer:
             return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.momentum_model = None
-        self.queue = torch.zeros(0, encoder.dim, device=self.device)
-        if config.queue_size and config.mode == "transfer":
-            self.momentum_model = copy.deepcopy(self.encoder.model).requires_grad_(False)
+        self.queue = None
+        if config.queue_size and config.mode != "nli":
+            self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum)
 
         self.order = BatchOrder(len(self.examples), config.batch_size, config.seed)
         if self.order.batch_size < config.batch_size:
@@ -277,89 +372,27 @@ class Trainer:
         self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress, self.on_row = progress and self.rank == 0, on_row
-        tok = encoder.tokenizer
-        self.special_ids, self.pad_id = set(tok.all_special_ids), tok.pad_token_id or 0
         self.autocast = self.device.type == "cuda" and config.bf16
-
-    # -- representations and loss --------------------------------------------------------------------------
-
-    def _tokenize(self, sentences: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.encoder.tokenize(sentences).to(self.device)
-
-    def _embed(self, ids: torch.Tensor, mask: torch.Tensor, **kwargs) -> torch.Tensor:
-        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.autocast):
-            return self.encoder(ids, mask, "last-avg", **kwargs)
-
-    def _view(self, name: str, batch: dict[str, torch.Tensor], adversarial_grad=None) -> torch.Tensor:
-        view = make_view(
-            name,
-            batch["input_ids"],
-            batch["attention_mask"],
-            self.encoder.model.get_input_embeddings(),
-            self.cfg.view,
-            self.generator,
-            adversarial_grad=adversarial_grad,
-            special_ids=self.special_ids,
-            pad_id=self.pad_id,
+        self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
+        self.embed = Embedder(
+            self.encoder, config.view, self.generator, self.device, torch.bfloat16 if self.autocast else None
         )
-        kwargs = {}
-        if view.position_ids is not None:
-            kwargs["position_ids"] = view.position_ids
-        if view.inputs_embeds is not None:
-            return self._embed(None, view.attention_mask, inputs_embeds=view.inputs_embeds, **kwargs)
-        return self._embed(view.input_ids, view.attention_mask, **kwargs)
-
-    def _adversarial_grad(self, batch: dict[str, torch.Tensor], labels: torch.Tensor) -> torch.Tensor:
-        """Gradient of the NLI loss with respect to the word embeddings of [premises; hypotheses]."""
-        with torch.enable_grad():
-            embeds = self.encoder.model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_()
-            u, v = self._embed(None, batch["attention_mask"], inputs_embeds=embeds).chunk(2)
-            (grad,) = torch.autograd.grad(nli_loss(self.head, u, v, labels), embeds)
-        return grad
-
-    def representations(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
-        """The embeddings a micro-batch contributes to the loss (plus its labels)."""
-        cfg = self.cfg
-        if cfg.mode == "transfer":
-            batch = self._tokenize(items)
-            return {"z1": self._view(cfg.views[0], batch), "z2": self._view(cfg.views[1], batch)}
-        if cfg.mode == "nli" and cfg.objective == "sup_simcse":
-            a, p, n = zip(*items, strict=True)
-            z = self._embed(**self._ids(self._tokenize(list(a) + list(p) + list(n))))
-            anchor, positive, negative = z.chunk(3)
-            return {"anchor": anchor, "positive": positive, "negative": negative}
-        premises, hypotheses, labels = zip(*items, strict=True)
-        labels = torch.tensor(labels, device=self.device)
-        # Premises and hypotheses go through the model together: one forward for u and v.
-        batch = self._tokenize(list(premises) + list(hypotheses))
-        u, v = self._embed(**self._ids(batch)).chunk(2)
-        reps = {"u": u, "v": v, "labels": labels}
-        if cfg.mode == "joint":
-            grad = self._adversarial_grad(batch, labels) if "adversarial" in cfg.views else None
-            reps["z1"] = self._view(cfg.views[0], batch, grad)
-            reps["z2"] = self._view(cfg.views[1], batch, grad)
-        return reps
-
-    @staticmethod
-    def _ids(batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        return {"ids": batch["input_ids"], "mask": batch["attention_mask"]}
-
-    def loss(self, reps: dict[str, torch.Tensor]) -> torch.Tensor:
-        cfg = self.cfg
-        if cfg.mode == "transfer":
-            return nt_xent(reps["z1"], reps["z2"], cfg.temperature, self.queue if len(self.queue) else None)
-        if cfg.mode == "nli" and cfg.objective == "sup_simcse":
-            return sup_simcse(reps["anchor"], reps["positive"], reps["negative"], cfg.temperature)
-        ce = nli_loss(self.head, reps["u"], reps["v"], reps["labels"])
-        if cfg.mode == "nli":
-            return ce
-        return ce + cfg.alpha * nt_xent(reps["z1"], reps["z2"], cfg.temperature)
 
     # -- one optimizer step ----------------------------------------------------------------------------------
 
+    def representations(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """The embeddings a micro-batch contributes to the loss (plus its labels)."""
+        return self.objective.representations(self.embed, items)
+
+    def loss(self, reps: dict[str, torch.Tensor]) -> torch.Tensor:
+        negatives = self.queue.negatives if self.queue is not None else None
+        return self.objective.loss(reps, negatives)
+
     def _set_dropout(self) -> None:
+        """The encoder's own dropout is the recipe's setting (``encoder_dropout``), whatever the views are."""
         self.encoder.train()
         self.encoder.model.train(self.cfg.encoder_dropout)
+        self.objective.train()
 
     def _global_loss(self, loss: torch.Tensor, step: int) -> float:
         value = loss.detach().float()
@@ -375,6 +408,9 @@ class Trainer:
 
     def train_step(self, items: Sequence[Any], step: int) -> float:
         self._set_dropout()
+        queued = None
+        if self.queue is not None:
+            queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
         micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
         if len(micro) == 1:
             loss = self.loss(self.representations(micro[0]))
@@ -389,9 +425,14 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if self.momentum_model is not None:
-            self._update_momentum(items)
+        if queued is not None:
+            self.queue.push(queued)
         return value
+
+    def _sentences(self, items: Sequence[Any]) -> list[str]:
+        if self.objective.examples == "sentences":
+            return list(items)
+        return [premise for premise, *_ in items] + [item[1] for item in items]
 
     def _cached_gradient_step(self, micro: list[Sequence[Any]], step: int) -> float:
         states, cached = [], []
@@ -401,9 +442,9 @@ class Trainer:
                 cached.append(self.representations(part))
         end_state = _rng_state(self.generator)
         leaves = {
-            key: torch.cat([c[key] for c in cached])
-            .detach()
-            .requires_grad_(cached[0][key].is_floating_point())
+            key: torch.cat([c[key].detach() for c in cached]).requires_grad_(
+                cached[0][key].is_floating_point()
+            )
             for key in cached[0]
         }
         loss = self.loss(leaves)
@@ -438,17 +479,6 @@ class Trainer:
             p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
             offset += g.numel()
 
-    @torch.no_grad()
-    def _update_momentum(self, items: Sequence[str]) -> None:
-        for m, p in zip(self.momentum_model.parameters(), self.encoder.model.parameters(), strict=True):
-            m.mul_(self.cfg.momentum).add_(p.detach(), alpha=1 - self.cfg.momentum)
-        self.momentum_model.train(self.cfg.encoder_dropout)
-        batch = self._tokenize(items)
-        out = self.momentum_model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-        mask = batch["attention_mask"].unsqueeze(-1).to(out.last_hidden_state.dtype)
-        z = (out.last_hidden_state * mask).sum(1) / mask.sum(1).clamp(min=1e-9)
-        self.queue = torch.cat([z.float(), self.queue])[: self.cfg.queue_size]
-
     # -- evaluation and checkpoints ----------------------------------------------------------------------------
 
     def evaluate(self) -> float:
@@ -458,10 +488,18 @@ class Trainer:
         return _broadcast(score)
 
     def _fingerprint(self) -> str:
+        """Config, training data and init weights: a changed input never resumes old weights."""
         config = asdict(self.cfg)
         config.pop("device")
-        payload = json.dumps([config, len(self.examples), self.world], sort_keys=True, default=str)
+        payload = json.dumps([config, self.world, self._inputs_digest], sort_keys=True, default=str)
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def _digest_inputs(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.examples, default=str).encode())
+        for name, tensor in sorted(self.encoder.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
 
     def _state_path(self) -> Path | None:
         return self.checkpoint_dir / "state.pt" if self.checkpoint_dir else None
@@ -478,11 +516,11 @@ class Trainer:
             **state,
             "fingerprint": self._fingerprint(),
             "model": self.encoder.model.state_dict(),
-            "head": self.head.state_dict() if self.head else None,
+            "objective": self.objective.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "momentum_model": self.momentum_model.state_dict() if self.momentum_model else None,
-            "queue": self.queue.cpu(),
+            "momentum_model": self.queue.model.state_dict() if self.queue else None,
+            "queue": self.queue.negatives.cpu() if self.queue else None,
             "rng": rngs,
         }
         tmp = self._state_path().with_suffix(".tmp")
@@ -493,18 +531,22 @@ class Trainer:
         path = self._state_path()
         if path is None or not path.is_file():
             return None
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a torn or foreign file: say which folder to delete
+            raise RuntimeError(
+                f"{path}: unreadable resume state ({type(exc).__name__}); delete {self.checkpoint_dir} to start afresh"
+            ) from None
         if payload.get("fingerprint") != self._fingerprint():
             log.warning("%s belongs to another config or data set: starting afresh", path)
             return None
         self.encoder.model.load_state_dict(payload["model"])
-        if self.head:
-            self.head.load_state_dict(payload["head"])
+        self.objective.load_state_dict(payload["objective"])
         self.optimizer.load_state_dict(payload["optimizer"])
         self.scheduler.load_state_dict(payload["scheduler"])
-        if self.momentum_model is not None:
-            self.momentum_model.load_state_dict(payload["momentum_model"])
-        self.queue = payload["queue"].to(self.device)
+        if self.queue is not None:
+            self.queue.model.load_state_dict(payload["momentum_model"])
+            self.queue.negatives = payload["queue"].to(self.device)
         _set_rng_state(payload["rng"][self.rank], self.generator)
         return payload
 
@@ -532,7 +574,7 @@ class Trainer:
             self._emit(rows[-1])
             log.info("step 0 (init): STS-B dev %.2f", init_score)
         bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}", disable=not self.progress)
-        while step < cfg.steps and bad < cfg.patience:
+        while step < cfg.steps and not self._out_of_patience(bad):
             lr = self.scheduler.get_last_lr()[0]
             items = self._rank_items(self.order.indices(step))
             try:
@@ -556,7 +598,7 @@ class Trainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", best=f"{best:.2f}")
             save_every = cfg.save_steps or cfg.eval_steps
-            if step < cfg.steps and bad < cfg.patience and (step % save_every == 0):
+            if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
                 self.save_state(
                     {
                         "step": step,
@@ -570,7 +612,7 @@ class Trainer:
                     }
                 )
         bar.close()
-        stopped = bad >= cfg.patience
+        stopped = self._out_of_patience(bad)
         self.last_state = self._snapshot()  # the weights before selection, for inspection and tests
         self.encoder.model.load_state_dict(best_state)
         if best_step == 0:
@@ -578,6 +620,9 @@ class Trainer:
         return TrainResult(
             init_score, best, best_step, step, elapsed + time.perf_counter() - started, stopped, rows
         )
+
+    def _out_of_patience(self, bad: int) -> bool:
+        return self.cfg.patience is not None and bad >= self.cfg.patience
 
     def _rank_items(self, indices: list[int]) -> list[Any]:
         share = len(indices) // self.world

@@ -1,156 +1,235 @@
-"""Data augmentation at the token-embedding layer: the two views T1(x), T2(x) of contrastive training.
+"""Data augmentation: the two views T1(x), T2(x) of contrastive training, where ConSERT applies them.
 
-A view turns a tokenized batch into model inputs. Most views work on ``inputs_embeds``, the output of the
-model's word-embedding table (before position embeddings and LayerNorm are added inside the model), so they
-apply to any Hugging Face encoder that accepts ``inputs_embeds``; ``shuffle`` works on ``position_ids`` and
-``word_repetition`` on the token ids themselves. Randomness comes from an explicit ``torch.Generator`` so that
-a run is reproducible and resumable (its state is saved with the checkpoint).
+ConSERT changes three things inside ``BertModel.forward`` (yym6472/ConSERT ``transformers/modeling_bert.py``):
+
+- ``shuffle`` permutes the position ids of each sentence's real tokens (``_replace_position_ids``);
+- ``span`` keeps one contiguous span of the input ids and masks the rest (``_sample_span``);
+- ``token_cutoff``, ``feature_cutoff``, ``dropout`` and ``adversarial`` replace the output of the embedding block,
+  i.e. word + position + token-type embeddings after LayerNorm and dropout (``_replace_embedding_output``,
+  ``_cutoff_embeddings``), so a cut token row is exactly zero when it enters the first transformer layer.
+
+Here the embedding-output views are a forward hook on the model's embeddings module, so they work for any
+Hugging Face encoder that has one (BERT, RoBERTa, MPNet, DistilBERT, the bundled MiniLM). ESimCSE's
+``word_repetition`` works on token ids (caskcsg/sentemb ``ESimCSE/train.py``, ``dup_type == "bpe"``).
+``cutoff_paper_span`` is the span cutoff of the Cutoff paper (Shen et al., 2020), not ConSERT's ``span``: it
+zeroes one contiguous span of embedding-output rows.
+
+Randomness comes from an explicit ``torch.Generator`` so that a run is reproducible and resumable.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 VIEWS = (
     "none",
     "shuffle",
+    "span",
     "token_cutoff",
     "feature_cutoff",
-    "span_cutoff",
     "dropout",
+    "cutoff_paper_span",
     "adversarial",
     "word_repetition",
 )
-# ConSERT switches the encoder's own dropout off when one of these is used: the view is the noise.
-DISABLE_ENCODER_DROPOUT = frozenset({"token_cutoff", "feature_cutoff", "span_cutoff", "dropout"})
+# Views that replace the embedding block's output (the rest change the inputs).
+EMBEDDING_OUTPUT_VIEWS = frozenset(
+    {"token_cutoff", "feature_cutoff", "dropout", "cutoff_paper_span", "adversarial"}
+)
 NEEDS_LABELS = frozenset({"adversarial"})
 
 
 @dataclass(frozen=True)
 class ViewConfig:
-    """Strength of each view (ConSERT's defaults; ESimCSE's duplication rate)."""
+    """Strength of each view (params.yaml ``view:``; ConSERT's cutoff/dropout/span rates, ESimCSE's dup_rate)."""
 
-    token_cutoff: float = 0.15
-    feature_cutoff: float = 0.2
-    span_cutoff: float = 0.15
-    dropout: float = 0.2
-    adversarial_eps: float = 1.0  # L2 norm of the FGV perturbation per sentence
-    word_repetition: float = 0.32
+    token_cutoff: float
+    feature_cutoff: float
+    dropout: float
+    span: float
+    cutoff_paper_span: float
+    adversarial_eps: float  # norm of the perturbation of each token's embedding output (ConSERT --noise_norm)
+    word_repetition: float
+
+    def __post_init__(self) -> None:
+        for name in (
+            "token_cutoff",
+            "feature_cutoff",
+            "dropout",
+            "span",
+            "cutoff_paper_span",
+            "word_repetition",
+        ):
+            value = getattr(self, name)
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"view.{name} must be in [0, 1), got {value}")
+        if self.adversarial_eps < 0:
+            raise ValueError(f"view.adversarial_eps must be >= 0, got {self.adversarial_eps}")
+
+
+EmbeddingOutputFn = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class ViewInput:
-    """What the model receives for one view: ``inputs_embeds`` replaces ``input_ids`` when it is set."""
+    """What the model receives for one view; ``embedding_output`` (if set) rewrites the embedding block's output."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
-    inputs_embeds: torch.Tensor | None = None
     position_ids: torch.Tensor | None = None
+    embedding_output: EmbeddingOutputFn | None = None
 
 
-def _real_lengths(attention_mask: torch.Tensor) -> list[int]:
-    return attention_mask.sum(1).tolist()
+# --- where the model is touched -----------------------------------------------------------------------------
 
 
-def shuffle_positions(attention_mask: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Position ids where each sentence's real tokens get a random permutation of their own positions.
+def embeddings_module(model: nn.Module) -> nn.Module:
+    """The module whose output is word + position (+ type) embeddings after LayerNorm and dropout."""
+    for candidate in (model, getattr(model, "base_model", None)):
+        module = getattr(candidate, "embeddings", None)
+        if isinstance(module, nn.Module):
+            return module
+    raise ValueError(f"{type(model).__name__} has no embeddings module: embedding-output views need one")
 
-    Padding keeps its positions; the token ids are not touched, so only the order the model sees changes.
+
+def position_offset(model: nn.Module) -> int:
+    """The first position id of a sentence: 0 for BERT, padding_idx + 1 for RoBERTa and MPNet."""
+    padding_idx = getattr(embeddings_module(model), "padding_idx", None)
+    return 0 if padding_idx is None else int(padding_idx) + 1
+
+
+@contextmanager
+def embedding_output_hook(model: nn.Module, fn: EmbeddingOutputFn | None) -> Iterator[None]:
+    """While inside, every forward of ``model`` passes its embedding output through ``fn``."""
+    if fn is None:
+        yield
+        return
+    handle = embeddings_module(model).register_forward_hook(lambda _module, _args, output: fn(output))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
+# --- the views ------------------------------------------------------------------------------------------------
+
+
+def _lengths(attention_mask: torch.Tensor) -> list[int]:
+    """Real tokens per sentence; like ConSERT, they are the first ``n`` positions (right padding)."""
+    return [int(n) for n in attention_mask.sum(1).tolist()]
+
+
+def shuffle_positions(
+    attention_mask: torch.Tensor, offset: int = 0, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Position ids where each sentence's first ``n`` (real) positions are permuted; padding keeps its own.
+
+    ConSERT ``_replace_position_ids``: ``indexes = list(range(num_tokens)); random.shuffle(indexes)``; [CLS] and
+    [SEP] are shuffled too. ``offset`` is the model's first position id (RoBERTa: padding_idx + 1).
     """
     batch, length = attention_mask.shape
     positions = torch.arange(length).repeat(batch, 1)
-    mask = attention_mask.cpu().bool()
-    for row in range(batch):
-        real = mask[row].nonzero().squeeze(1)
-        positions[row, real] = real[torch.randperm(len(real), generator=generator)]
-    return positions.to(attention_mask.device)
+    for row, n in enumerate(_lengths(attention_mask)):
+        positions[row, :n] = torch.randperm(n, generator=generator)
+    return (positions + offset).to(attention_mask.device)
 
 
-def _cutoff_mask(
+def sample_span(
+    input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    ratio: float,
-    choose: Callable[[int, int], torch.Tensor],
+    rate: float,
+    pad_id: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ConSERT ``_sample_span``: keep one contiguous span of ``max(int(n * (1 - rate)), 1)`` tokens per sentence,
+    start uniform in ``[0, n - span]``; every other position gets ``pad_id`` and attention 0."""
+    keep = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for row, n in enumerate(_lengths(attention_mask)):
+        span = max(int(n * (1 - rate)), 1)
+        start = int(torch.randint(0, n - span + 1, (1,), generator=generator))
+        keep[row, start : start + span] = True
+    keep = keep.to(input_ids.device)
+    return input_ids.masked_fill(~keep, pad_id), attention_mask.masked_fill(~keep, 0)
+
+
+def token_cutoff(
+    output: torch.Tensor, attention_mask: torch.Tensor, rate: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Boolean [batch, length]: for each sentence, ``choose(n, k)`` picks k = max(1, int(n * ratio)) of its
-    n real tokens (as indices into them) to be zeroed."""
-    cut = torch.zeros(attention_mask.shape, dtype=torch.bool)
-    mask = attention_mask.cpu().bool()
-    for row in range(mask.shape[0]):
-        real = mask[row].nonzero().squeeze(1)
-        if len(real) == 0:
-            continue
-        cut[row, real[choose(len(real), max(1, int(len(real) * ratio)))]] = True
-    return cut.to(attention_mask.device)
+    """Zero ``int(n * rate)`` of each sentence's ``n`` real rows (ConSERT ``_cutoff_embeddings``, direction row)."""
+    keep = torch.ones(output.shape[:2], dtype=output.dtype)
+    for row, n in enumerate(_lengths(attention_mask)):
+        keep[row, torch.randperm(n, generator=generator)[: int(n * rate)]] = 0
+    return output * keep.to(output.device).unsqueeze(-1)
 
 
-def token_cutoff_mask(
-    attention_mask: torch.Tensor, ratio: float, generator: torch.Generator | None = None
+def feature_cutoff(
+    output: torch.Tensor, rate: float, generator: torch.Generator | None = None
 ) -> torch.Tensor:
-    """Boolean [batch, length]: ``max(1, int(n * ratio))`` real tokens per sentence chosen to be zeroed."""
-    return _cutoff_mask(attention_mask, ratio, lambda n, k: torch.randperm(n, generator=generator)[:k])
-
-
-def span_cutoff_mask(
-    attention_mask: torch.Tensor, ratio: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Boolean [batch, length]: one contiguous span of ``max(1, int(n * ratio))`` real tokens per sentence."""
-
-    def span(n: int, k: int) -> torch.Tensor:
-        start = int(torch.randint(0, n - k + 1, (1,), generator=generator))
-        return torch.arange(start, start + k)
-
-    return _cutoff_mask(attention_mask, ratio, span)
-
-
-def feature_cutoff_mask(
-    batch: int, hidden: int, ratio: float, generator: torch.Generator | None = None
-) -> torch.Tensor:
-    """Boolean [batch, hidden]: ``max(1, int(hidden * ratio))`` embedding columns per sentence to be zeroed."""
-    k = max(1, int(hidden * ratio))
-    cut = torch.zeros(batch, hidden, dtype=torch.bool)
+    """Zero ``int(hidden * rate)`` columns per sentence, at every position (direction column)."""
+    batch, _, hidden = output.shape
+    keep = torch.ones(batch, hidden, dtype=output.dtype)
     for row in range(batch):
-        cut[row, torch.randperm(hidden, generator=generator)[:k]] = True
-    return cut
+        keep[row, torch.randperm(hidden, generator=generator)[: int(hidden * rate)]] = 0
+    return output * keep.to(output.device).unsqueeze(1)
 
 
-def element_dropout(embeds: torch.Tensor, p: float, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Zero single elements with probability ``p`` and rescale the rest by 1/(1-p), as ``nn.Dropout`` does."""
-    keep = torch.rand(embeds.shape, generator=generator) >= p
-    return embeds * keep.to(embeds.device, embeds.dtype) / (1 - p)
+def dropout_cutoff(
+    output: torch.Tensor, attention_mask: torch.Tensor, rate: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Zero exactly ``int(n * hidden * rate)`` elements of a sentence's real-token block, with no rescaling
+    (direction random: indexes into the first ``n * hidden`` elements of the flattened [length, hidden])."""
+    batch, length, hidden = output.shape
+    keep = torch.ones(batch, length * hidden, dtype=output.dtype)
+    for row, n in enumerate(_lengths(attention_mask)):
+        keep[row, torch.randperm(n * hidden, generator=generator)[: int(n * hidden * rate)]] = 0
+    return output * keep.view(batch, length, hidden).to(output.device)
 
 
-def fgv_perturbation(grad: torch.Tensor, eps: float) -> torch.Tensor:
-    """Fast gradient value: ``eps * g / ||g||`` with the L2 norm taken per sentence over [length, hidden]."""
-    norm = grad.flatten(1).norm(dim=1).clamp(min=1e-12).view(-1, *([1] * (grad.dim() - 1)))
-    return (eps * grad / norm).detach()
+def cutoff_paper_span(
+    output: torch.Tensor, attention_mask: torch.Tensor, rate: float, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """The Cutoff paper's span cutoff: zero one contiguous run of ``max(1, int(n * rate))`` real rows."""
+    keep = torch.ones(output.shape[:2], dtype=output.dtype)
+    for row, n in enumerate(_lengths(attention_mask)):
+        span = max(1, int(n * rate))
+        start = int(torch.randint(0, n - span + 1, (1,), generator=generator))
+        keep[row, start : start + span] = 0
+    return output * keep.to(output.device).unsqueeze(-1)
+
+
+def adversarial_noise(grad: torch.Tensor, eps: float) -> torch.Tensor:
+    """``eps * g / ||g||`` with the L2 norm taken per token over the hidden size (ConSERT AdvCLSoftmaxLoss,
+    ``do_noise_normalization``: ``g / (g.norm(p=2, dim=-1).unsqueeze(-1) + 1e-10)``)."""
+    return (eps * grad / (grad.norm(p=2, dim=-1, keepdim=True) + 1e-10)).detach()
 
 
 def repeat_words(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    ratio: float,
-    special_ids: set[int],
+    rate: float,
     pad_id: int,
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """ESimCSE word repetition: duplicate a random subset of each sentence's non-special tokens in place.
-
-    The number duplicated is uniform in ``[0, max(2, int(ratio * n))]`` (ESimCSE's rule), capped at ``n``.
-    The batch grows to its longest new sentence, padded on the right.
+    """ESimCSE word repetition (``ESimCSE/train.py``, dup_type "bpe"): for a sentence of ``L`` tokens (specials
+    included), if ``int(rate * L) > 0`` duplicate ``randrange(min(10, int(rate * L)))`` tokens in place, chosen
+    among positions 1..L-2 (never [CLS] or the final [SEP]). The batch grows to its longest new sentence.
     """
     rows = []
-    for ids, mask in zip(input_ids.cpu().tolist(), attention_mask.cpu().tolist(), strict=True):
-        real = [t for t, m in zip(ids, mask, strict=True) if m]
-        candidates = [i for i, t in enumerate(real) if t not in special_ids]
-        upper = max(2, int(ratio * len(candidates)))
-        k = min(int(torch.randint(0, upper + 1, (1,), generator=generator)), len(candidates))
-        chosen = {candidates[i] for i in torch.randperm(len(candidates), generator=generator)[:k].tolist()}
-        new = []
-        for i, t in enumerate(real):
-            new.extend([t, t] if i in chosen else [t])
+    for ids, n in zip(input_ids.cpu().tolist(), _lengths(attention_mask), strict=True):
+        real = ids[:n]
+        limit = int(rate * n)
+        chosen: set[int] = set()
+        if limit > 0 and n > 2:
+            k = min(int(torch.randint(0, min(10, limit), (1,), generator=generator)), n - 2)
+            chosen = {1 + i for i in torch.randperm(n - 2, generator=generator)[:k].tolist()}
+        new: list[int] = []
+        for i, token in enumerate(real):
+            new.extend([token, token] if i in chosen else [token])
         rows.append(new)
     length = max(len(r) for r in rows)
     ids = torch.full((len(rows), length), pad_id, dtype=input_ids.dtype)
@@ -161,52 +240,59 @@ def repeat_words(
     return ids.to(input_ids.device), mask.to(attention_mask.device)
 
 
-EmbedFn = Callable[[torch.Tensor], torch.Tensor]
-
-
 def make_view(
     name: str,
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
-    embed: EmbedFn,
-    config: ViewConfig = ViewConfig(),
+    config: ViewConfig,
     generator: torch.Generator | None = None,
-    adversarial_grad: torch.Tensor | None = None,
-    special_ids: set[int] | None = None,
+    *,
+    hidden: int,
     pad_id: int = 0,
+    position_start: int = 0,
+    adversarial_grad: torch.Tensor | None = None,
 ) -> ViewInput:
-    """Model inputs for the view ``name`` of a tokenized batch; ``embed`` maps token ids to word embeddings.
+    """Model inputs for the view ``name`` of a tokenized batch.
 
-    ``adversarial`` needs ``adversarial_grad``, the gradient of the supervised loss with respect to
-    ``embed(input_ids)``; it is only available in joint training.
+    ``adversarial`` needs ``adversarial_grad``: the gradient of the supervised loss with respect to the
+    embedding output of the unperturbed forward pass (joint training only).
     """
     if name == "none":
         return ViewInput(input_ids, attention_mask)
     if name == "shuffle":
-        return ViewInput(input_ids, attention_mask, position_ids=shuffle_positions(attention_mask, generator))
-    if name == "word_repetition":
-        ids, mask = repeat_words(
-            input_ids, attention_mask, config.word_repetition, special_ids or set(), pad_id, generator
+        return ViewInput(
+            input_ids,
+            attention_mask,
+            position_ids=shuffle_positions(attention_mask, position_start, generator),
         )
+    if name == "span":
+        ids, mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
         return ViewInput(ids, mask)
-    embeds = embed(input_ids)
+    if name == "word_repetition":
+        ids, mask = repeat_words(input_ids, attention_mask, config.word_repetition, pad_id, generator)
+        return ViewInput(ids, mask)
+    # A cutoff's mask is drawn here, by cutting a block of ones, and multiplied into the output in the hook.
+    ones = torch.ones(*attention_mask.shape, hidden)
+    mask = attention_mask.cpu()
     if name == "token_cutoff":
-        cut = token_cutoff_mask(attention_mask, config.token_cutoff, generator)
-        embeds = embeds * (~cut).unsqueeze(-1).to(embeds.dtype)
-    elif name == "span_cutoff":
-        cut = span_cutoff_mask(attention_mask, config.span_cutoff, generator)
-        embeds = embeds * (~cut).unsqueeze(-1).to(embeds.dtype)
+        fn = _multiply(token_cutoff(ones, mask, config.token_cutoff, generator))
     elif name == "feature_cutoff":
-        cut = feature_cutoff_mask(embeds.shape[0], embeds.shape[-1], config.feature_cutoff, generator)
-        embeds = embeds * (~cut).unsqueeze(1).to(embeds.device, embeds.dtype)
+        fn = _multiply(feature_cutoff(ones, config.feature_cutoff, generator))
     elif name == "dropout":
-        embeds = element_dropout(embeds, config.dropout, generator)
+        fn = _multiply(dropout_cutoff(ones, mask, config.dropout, generator))
+    elif name == "cutoff_paper_span":
+        fn = _multiply(cutoff_paper_span(ones, mask, config.cutoff_paper_span, generator))
     elif name == "adversarial":
         if adversarial_grad is None:
             raise ValueError(
                 "the adversarial view needs the supervised loss's gradient: use it in joint mode only"
             )
-        embeds = embeds + fgv_perturbation(adversarial_grad, config.adversarial_eps)
+        noise = adversarial_noise(adversarial_grad, config.adversarial_eps)
+        fn = lambda output: output + noise.to(output.dtype)  # noqa: E731
     else:
         raise ValueError(f"unknown view {name!r}; choose from {', '.join(VIEWS)}")
-    return ViewInput(input_ids, attention_mask, inputs_embeds=embeds)
+    return ViewInput(input_ids, attention_mask, embedding_output=fn)
+
+
+def _multiply(keep: torch.Tensor) -> EmbeddingOutputFn:
+    return lambda output: output * keep.to(output.device, output.dtype)

@@ -217,18 +217,37 @@ def plot_freq_tokens(rows: list[dict[str, Any]], label: str) -> None:
 # ------------------------------------------------------------------------------------------- train sweeps
 
 
+def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) -> dict[str, Any]:
+    """params.yaml for one cell: ``overrides`` go into the ``transfer.base`` recipe (``texts``/``max_texts`` into
+    ``transfer``), so every cell has the same encoder dropout and a grid compares views, not dropout."""
+    p = json.loads(json.dumps(params))
+    stage_keys = {k: v for k, v in overrides.items() if k in ("texts", "max_texts")}
+    recipe = {k: v for k, v in overrides.items() if k not in stage_keys}
+    p["transfer"] = {**p["transfer"], **stage_keys, "steps": steps}
+    p["transfer"]["base"] = {**p["transfer"]["base"], **recipe}
+    # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run.
+    p["train"] = {**p.get("train", {}), "eval_steps": steps, "patience": 1}
+    return p
+
+
 def transfer_run(
     params: dict[str, Any], overrides: dict[str, Any], work: Path, name: str, init: str, steps: int
 ) -> dict[str, Any]:
-    """One `stages.transfer` run with ``transfer.<key>`` overrides, tracking off; returns its metrics."""
-    p = json.loads(json.dumps(params))
-    p["transfer"] = {**p.get("transfer", {}), **overrides, "steps": steps}
-    # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run.
-    p["train"] = {**p.get("train", {}), "eval_steps": steps, "patience": 1}
+    """One `stages.transfer` run of a sweep cell, tracking off; returns its metrics."""
     params_file = work / f"{name}.yaml"
-    params_file.write_text(yaml.safe_dump(p))
+    params_file.write_text(yaml.safe_dump(sweep_params(params, overrides, steps)))
     output = work / name
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--params", str(params_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stages.transfer",
+        "--init",
+        init,
+        "--recipe",
+        "base",
+        "--params",
+        str(params_file),
+    ]
     cmd += ["--output", str(output), "--stage", name, "--metrics-dir", str(work / "metrics")]
     cmd += ["--checkpoints-dir", str(work / "checkpoints"), "--steps", str(steps)]
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))

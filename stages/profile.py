@@ -1,18 +1,27 @@
-"""Print a profile (a YAML file of params.yaml overrides) as ``dvc exp run`` flags: ``-S key=value`` per leaf.
+"""Profiles: YAML files of params.yaml overrides (profiles/<name>.yaml), run as DVC experiments.
 
-dvc exp run -n paper $(python -m stages.profile profiles/paper.yaml)      # what `make exp PROFILE=paper` runs
+    dvc exp run -n paper $(python -m stages.profile profiles/paper.yaml)     # what `make exp PROFILE=paper` runs
+    python -m stages.profile --smoke --model DIR --processed DIR              # every profile, 2 steps, tiny model
+
+A profile may add keys that params.yaml does not have (e.g. ``transfer.base.steps``): they become DVC's
+``+key=value`` (append) overrides. ``--smoke`` runs each profile's training stages for 2 steps on a small model
+and data, so a profile meant for a GPU cannot rot unnoticed (``make test`` does this).
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import shlex
 import subprocess
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from stages.common import ROOT, SHARED_MIRROR, load_params
 
 
 def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -20,35 +29,81 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in values.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
             flat.update(flatten(value, name + "."))
         else:
             flat[name] = value
     return flat
 
 
-def set_flags(profile: Path) -> list[str]:
+def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` applied key by key (nested mappings merge)."""
+    out = copy.deepcopy(base)
+    for key, value in overrides.items():
+        out[key] = (
+            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        )
+    return out
+
+
+def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
+    existing = set(flatten(params if params is not None else load_params()))
     overrides = flatten(yaml.safe_load(Path(profile).read_text()) or {})
     # JSON is valid YAML, so DVC parses lists, null and numbers back to what the profile says.
-    return [f"-S={key}={json.dumps(value, separators=(',', ':'))}" for key, value in overrides.items()]
+    return [
+        f"-S={'' if key in existing else '+'}{key}={json.dumps(value, separators=(',', ':'))}"
+        for key, value in overrides.items()
+    ]
+
+
+def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
+    """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off)."""
+    from stages import base, joint, pretrain_nli, transfer
+
+    params = merge(load_params(), yaml.safe_load(Path(profile).read_text()) or {})
+    params["model"]["name"] = str(model)
+    params["train"].update(eval_steps=1, device="cpu")
+    for section in ("pretrain_nli", "joint", "transfer"):
+        params[section].update(steps=2, batch_size=min(8, params[section]["batch_size"]))
+        for recipe in ("base", "nli", "joint"):
+            if section == "transfer" and "steps" in params[section][recipe]:
+                params[section][recipe]["steps"] = 2
+    params_file = work / "params.yaml"
+    params_file.write_text(yaml.safe_dump(params))
+    models = work / "models"
+    common = ["--params", str(params_file), "--processed", str(processed), "--models-dir", str(models)]
+    common += ["--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "checkpoints")]
+    base.main(["--params", str(params_file), "--output", str(models / "base")])
+    pretrain_nli.main(common)
+    joint.main(common)
+    for init in ("base", "nli", "joint"):
+        transfer.main([*common, "--init", init, "--raw", str(raw), "--max-texts", "64"])
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("profile", help="a profiles/<name>.yaml file")
+    parser.add_argument("profile", nargs="*", help="profiles/<name>.yaml files (--smoke: default all)")
     parser.add_argument("--run", action="store_true", help="run `dvc exp run` instead of printing it")
     parser.add_argument("--name", help="experiment name (default: the profile's file name)")
+    parser.add_argument("--smoke", action="store_true", help="run each profile for 2 steps on --model")
+    parser.add_argument("--model", help="--smoke: a small model folder")
+    parser.add_argument("--processed", help="--smoke: folder with pairs.parquet and nli.parquet")
+    parser.add_argument("--raw", default=str(SHARED_MIRROR), help="--smoke: SentEval folder (texts: consert)")
     args = parser.parse_args(argv)
-    command = [
-        "dvc",
-        "exp",
-        "run",
-        "-n",
-        args.name or Path(args.profile).stem,
-        *set_flags(Path(args.profile)),
-    ]
+    if args.smoke:
+        if not (args.model and args.processed):
+            parser.error("--smoke needs --model and --processed")
+        for profile in args.profile or sorted((ROOT / "profiles").glob("*.yaml")):
+            with tempfile.TemporaryDirectory(prefix="sentcl-smoke-") as tmp:
+                smoke(Path(profile), Path(args.model), Path(args.processed), Path(args.raw), Path(tmp))
+            print(f"{profile}: every training stage ran")
+        return
+    if len(args.profile) != 1:
+        parser.error("give one profile")
+    name = args.name or Path(args.profile[0]).stem
+    command = ["dvc", "exp", "run", "-n", name, *set_flags(Path(args.profile[0]))]
     print(" ".join(shlex.quote(part) for part in command))
     if args.run:
         raise SystemExit(subprocess.run(command).returncode)

@@ -13,15 +13,17 @@ import json
 import logging
 import os
 import shutil
+import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pandas as pd
 import torch
 
 from sentcl.encoder import Encoder
 from sentcl.losses import NLI_LABEL_IDS
-from sentcl.train import TrainConfig, Trainer, dist_info
+from sentcl.senteval import consert_corpus
+from sentcl.train import ConfigError, TrainConfig, Trainer, dist_info
 from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub
 from stages.tracking import log_stage, preflight
 
@@ -62,6 +64,34 @@ def sts_test_sentences(pairs: pd.DataFrame) -> list[str]:
     """The unique sentences of STS12-16 and the STS-B and SICK-R test splits, sorted (a stable order)."""
     test = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
     return sorted(set(test.sentence1) | set(test.sentence2))
+
+
+def _sentences(frame: pd.DataFrame) -> set[str]:
+    return set(frame.sentence1) | set(frame.sentence2)
+
+
+# transfer.texts: which unlabeled text the transfer stage trains on (README "Target text").
+TEXT_CHOICES = ("heldout", "consert", "inductive")
+
+
+def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path) -> list[str]:
+    """``heldout``: the seven test sets' unique sentences without any STS-B dev sentence, so checkpoint selection
+    on STS-B dev is independent of training. ``consert``: ConSERT's corpus (all STS/SICK lines, dev included).
+    ``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence of a dev or test split.
+    Anything else is a ``.txt`` file or a folder of them."""
+    if choice == "heldout":
+        dev = _sentences(pairs[(pairs.task == "STSb") & (pairs.split == "dev")])
+        return [s for s in sts_test_sentences(pairs) if s not in dev]
+    if choice == "consert":
+        return consert_corpus(raw)
+    if choice == "inductive":
+        evaluated = _sentences(pairs[pairs.split != "train"])
+        train = _sentences(pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")])
+        train |= set(nli.premise) | set(nli.hypothesis)
+        return sorted(train - evaluated)
+    if not Path(choice).exists():
+        fail(f"transfer.texts: {choice!r} is neither one of {', '.join(TEXT_CHOICES)} nor a file or folder")
+    return read_texts(Path(choice))
 
 
 def read_texts(path: Path) -> list[str]:
@@ -106,13 +136,36 @@ def resolve_init(init: str, models_dir: Path = MODELS) -> str:
 
 
 def stage_config(
-    params: dict[str, Any], section: str, overrides: dict[str, Any] | None = None
+    params: dict[str, Any],
+    section: str,
+    overrides: dict[str, Any] | None = None,
+    recipe: str | None = None,
+    stage_keys: tuple[str, ...] = (),
 ) -> TrainConfig:
-    values = {"seed": params["seed"], "max_length": params["model"]["max_length"]}
-    values.update(params.get("train", {}))
-    values.update(params.get(section, {}))
-    values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    return TrainConfig.from_dict(values)
+    """``train`` + the stage's section (+ its ``recipe`` subsection, e.g. ``transfer.nli``) + CLI overrides.
+
+    ``stage_keys`` are the section's own settings that the stage reads itself (``texts``, ``max_texts``, the
+    recipe subsections); any other key that is not a training setting is an error naming it.
+    """
+    own = {k: v for k, v in (params.get(section) or {}).items() if k not in stage_keys}
+    sections = [
+        ("top level", {"seed": params["seed"], "max_length": params["model"]["max_length"]}),
+        ("train", params.get("train") or {}),
+        (section, own),
+    ]
+    if recipe is not None:
+        sections.append((f"{section}.{recipe}", (params.get(section) or {}).get(recipe) or {}))
+    sections.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
+    try:
+        return TrainConfig.from_sections(sections)
+    except ConfigError as exc:
+        fail(f"params.yaml: {exc}")
+
+
+def fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit code 2, before any training."""
+    print(message, file=sys.stderr)
+    raise SystemExit(2)
 
 
 def write_curves(rows: list[dict[str, Any]], path: Path) -> None:

@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 
 from sentcl.encoder import Encoder
 from sentcl.losses import nt_xent, sup_simcse
-from sentcl.train import TrainConfig, Trainer
-from tests.tiny import make_tiny_encoder, tiny_sentences
+from sentcl.train import Trainer
+from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 
 TEXTS = tiny_sentences(32, seed=2)
 DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 4)) for i in range(0, 20, 2)]
@@ -41,7 +41,7 @@ def worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) 
             results[name] = (value / world, [x.grad for x in local])
         # Training: two steps of the real trainer, half of each batch per rank.
         encoder = Encoder.from_pretrained(model_dir)
-        trainer = Trainer(encoder, TrainConfig(**CONFIG), TEXTS, DEV, progress=False)
+        trainer = Trainer(encoder, train_config(**CONFIG), TEXTS, DEV, progress=False)
         for step in range(2):
             trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
         results["weights"] = {k: v.clone() for k, v in encoder.model.state_dict().items()}
@@ -76,7 +76,7 @@ def test_two_gloo_ranks_equal_one_process_with_the_whole_batch(tmp_path):
                 torch.testing.assert_close(g / 2, x.grad[rank * 4 : rank * 4 + 4], atol=1e-6, rtol=1e-5)
 
     encoder = Encoder.from_pretrained(model_dir)
-    trainer = Trainer(encoder, TrainConfig(**CONFIG), TEXTS, DEV, progress=False)
+    trainer = Trainer(encoder, train_config(**CONFIG), TEXTS, DEV, progress=False)
     for step in range(2):
         trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
     single = encoder.model.state_dict()

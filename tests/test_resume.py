@@ -36,12 +36,11 @@ def run_env() -> dict[str, str]:
 def setup(tmp_path):
     make_tiny_encoder(tmp_path, name="model")
     write_tiny_processed(tmp_path / "processed")
-    params = {
-        "seed": 3,
-        "model": {"name": "unused", "max_length": 32},
-        "train": {"eval_steps": 40, "save_steps": 10, "patience": 1000, "device": "cpu"},
-        "transfer": {"steps": 120, "batch_size": 16, "lr": 2e-3, "views": ["shuffle", "token_cutoff"]},
-    }
+    params = yaml.safe_load(open(os.path.join(ROOT, "params.yaml")))  # the real defaults, shortened
+    params["seed"], params["model"] = 3, {"name": "unused", "max_length": 32}
+    params["train"].update(eval_steps=40, save_steps=10, patience=1000, device="cpu")
+    params["transfer"].update(steps=120, batch_size=16, lr=2e-3)
+    params["transfer"]["base"]["views"] = ["shuffle", "token_cutoff"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path
 
@@ -59,7 +58,7 @@ def test_kill_and_resume_matches_an_uninterrupted_run(setup):
     process.wait()
     assert state.exists(), "the run finished or never checkpointed before the kill"
     assert not (tmp_path / "killed" / "out").exists()
-    killed_at = torch.load(state, weights_only=False)["step"]
+    killed_at = torch.load(state, weights_only=True)["step"]  # no pickled code in resume state
     assert 0 < killed_at < 120
 
     # The resumed and the uninterrupted runs go in-process (one thread, like the killed one): only the kill

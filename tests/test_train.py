@@ -11,10 +11,11 @@ import torch
 import yaml
 
 from sentcl.encoder import Encoder
-from sentcl.train import TrainConfig, Trainer
-from stages.training import nli_triplets
-from tests.tiny import make_tiny_encoder, tiny_sentences, write_tiny_processed
+from sentcl.train import Trainer
+from stages.training import nli_triplets, stage_config
+from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
+TRANSFER_KEYS = ("texts", "max_texts", "base", "nli", "joint")
 TEXTS = tiny_sentences(64, seed=1)
 DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 5)) for i in range(0, 40, 2)]
 NLI = [(TEXTS[i], TEXTS[(i * 7 + 3) % 64], i % 3) for i in range(48)]
@@ -33,16 +34,24 @@ def still_model(tmp_path_factory):
 
 def fit(model_dir, examples=TEXTS, **config) -> tuple[Encoder, object]:
     encoder = Encoder.from_pretrained(str(model_dir))
-    values = {"steps": 4, "batch_size": 8, "eval_steps": 2, "lr": 1e-3, "device": "cpu", **config}
-    result = Trainer(encoder, TrainConfig(**values), examples, DEV, progress=False).fit()
+    values = {
+        "steps": 4,
+        "batch_size": 8,
+        "eval_steps": 2,
+        "lr": 1e-3,
+        "patience": 3,
+        "min_delta": 0.0,
+        **config,
+    }
+    result = Trainer(encoder, train_config(**values), examples, DEV, progress=False).fit()
     return encoder, result
 
 
 def train_steps(model_dir, n: int, examples=TEXTS, **config) -> dict[str, torch.Tensor]:
     """The weights after ``n`` optimizer steps, without checkpoint selection."""
     encoder = Encoder.from_pretrained(str(model_dir))
-    values = {"steps": n, "batch_size": 8, "lr": 1e-3, "device": "cpu", "warmup_ratio": 0, **config}
-    trainer = Trainer(encoder, TrainConfig(**values), examples, DEV, progress=False)
+    values = {"steps": n, "batch_size": 8, "lr": 1e-3, "warmup_ratio": 0, **config}
+    trainer = Trainer(encoder, train_config(**values), examples, DEV, progress=False)
     for step in range(n):
         trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
     return weights(encoder)
@@ -98,23 +107,99 @@ def test_selection_keeps_the_best_evaluation_and_stops_early(tiny_model):
 
 def test_non_finite_loss_names_the_step(tiny_model):
     with pytest.raises(FloatingPointError, match="step 1"):
-        fit(tiny_model, temperature=0.0)
+        fit(tiny_model, temperature=1e-40)  # cosine / t overflows fp32
 
 
-def test_every_objective_and_view_trains(tiny_model):
-    fit(tiny_model, NLI, mode="joint", views=("adversarial", "span_cutoff"), steps=2, grad_accum=2)
-    fit(tiny_model, mode="transfer", views=("word_repetition", "dropout"), steps=2, queue_size=16)
+@pytest.mark.parametrize(
+    "mode,views,extra",
+    [
+        ("joint", ("none", "adversarial"), {"grad_accum": 2}),
+        ("joint", ("span", "cutoff_paper_span"), {"queue_size": 16}),
+        ("transfer", ("word_repetition", "dropout"), {"queue_size": 16}),
+        ("transfer", ("token_cutoff", "feature_cutoff"), {"grad_accum": 2, "projection": True}),
+    ],
+)
+def test_every_view_trains_in_its_modes(tiny_model, mode, views, extra):
+    _, result = fit(tiny_model, NLI if mode == "joint" else TEXTS, mode=mode, views=views, steps=2, **extra)
+    assert result.steps == 2 and all(np.isfinite(r["loss"]) for r in result.rows[1:])
+
+
+def test_every_preset_and_objective_trains(tiny_model):
     fit(tiny_model, mode="transfer", preset="simcse", steps=2)
+    fit(tiny_model, mode="transfer", preset="esimcse", steps=2)
     triplets = [(a, b, c) for (a, b, _), (_, c, _) in zip(NLI[::2], NLI[1::2], strict=True)]
     fit(tiny_model, triplets, mode="nli", objective="sup_simcse", steps=2)
-    with pytest.raises(ValueError, match="joint mode only"):
-        TrainConfig(mode="transfer", views=("adversarial", "none"))
+    fit(tiny_model, NLI, mode="nli", steps=2)
 
 
-def test_simcse_preset_sets_dropout_views_and_temperature():
-    config = TrainConfig(preset="simcse", views=("shuffle", "token_cutoff"))
-    assert config.views == ("none", "none") and config.temperature == 0.05 and config.encoder_dropout
-    assert not TrainConfig(views=("shuffle", "feature_cutoff")).encoder_dropout
+def test_presets_set_their_papers_recipe_and_dropout_is_never_derived_from_views():
+    simcse = train_config(preset="simcse", views=("shuffle", "token_cutoff"), encoder_dropout=False)
+    assert (simcse.views, simcse.temperature, simcse.loss, simcse.encoder_dropout) == (
+        ("none", "none"),
+        0.05,
+        "info_nce",
+        True,
+    )
+    esimcse = train_config(preset="esimcse")
+    assert esimcse.views == ("none", "word_repetition") and (esimcse.queue_size, esimcse.momentum) == (
+        160,
+        0.995,
+    )
+    assert train_config(views=("shuffle", "feature_cutoff"), encoder_dropout=True).encoder_dropout
+    assert not train_config(views=("none", "none"), encoder_dropout=False).encoder_dropout
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"views": ("adversarial", "none")}, "joint mode only"),
+        ({"batch_size": 1}, "batch_size: at least 2"),
+        ({"temperature": 0.0}, "temperature: greater than 0"),
+        ({"eval_steps": 0}, "eval_steps: at least 1"),
+        ({"lr": -1e-5}, "lr: not negative"),
+        ({"view": {"dropout": 1.5}}, r"view.dropout must be in \[0, 1\)"),
+    ],
+)
+def test_out_of_range_values_stop_with_one_line(overrides, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_config(**overrides)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("params.yaml: ")
+    import re
+
+    assert re.search(message, err), err
+
+
+def test_unknown_key_names_the_key_and_its_section(capsys):
+    from stages.training import stage_config
+
+    params = yaml.safe_load(open("params.yaml"))
+    params["transfer"]["nli"]["viewz"] = ["none", "none"]
+    with pytest.raises(SystemExit):
+        stage_config(
+            params, "transfer", {"mode": "transfer"}, "nli", ("texts", "max_texts", "base", "nli", "joint")
+        )
+    assert capsys.readouterr().err.strip() == "params.yaml: transfer.nli: unknown key 'viewz'"
+    params = yaml.safe_load(open("params.yaml"))
+    del params["train"]["patience"]
+    with pytest.raises(SystemExit):
+        stage_config(params, "joint", {"mode": "joint"})
+    assert capsys.readouterr().err.strip().endswith("no value for 'patience'")
+
+
+def test_training_classes_repeat_no_default_of_params_yaml():
+    """params.yaml is the only home of a default: the config dataclasses declare none of their own."""
+    from dataclasses import MISSING, fields
+
+    from sentcl.train import TrainConfig
+    from sentcl.views import ViewConfig
+
+    for kind in (TrainConfig, ViewConfig):
+        with_default = [
+            f.name for f in fields(kind) if f.default is not MISSING or f.default_factory is not MISSING
+        ]
+        assert with_default == [], (kind.__name__, with_default)
 
 
 def test_nli_triplets_pair_entailment_with_contradiction():
@@ -155,20 +240,12 @@ def test_the_three_stages_end_to_end(tmp_path):
 
     model = make_tiny_encoder(tmp_path / "hub")
     processed = write_tiny_processed(tmp_path / "processed")
-    params = {
-        "seed": 1,
-        "model": {"name": str(model), "max_length": 32},
-        "train": {"eval_steps": 2, "patience": 3, "device": "cpu"},
-        "pretrain_nli": {"steps": 4, "batch_size": 8, "lr": 1e-3},
-        "joint": {"steps": 4, "batch_size": 8, "lr": 1e-3, "views": ["adversarial", "token_cutoff"]},
-        "transfer": {
-            "steps": 4,
-            "batch_size": 16,
-            "lr": 1e-3,
-            "views": ["shuffle", "feature_cutoff"],
-            "max_texts": 40,
-        },
-    }
+    params = yaml.safe_load(open("params.yaml"))  # the project's defaults, shortened for a tiny model
+    params["seed"], params["model"] = 1, {"name": str(model), "max_length": 32}
+    params["train"].update(eval_steps=2, patience=3, device="cpu")
+    params["pretrain_nli"].update(steps=4, batch_size=8, lr=1e-3)
+    params["joint"].update(steps=4, batch_size=8, lr=1e-3, views=["none", "adversarial"])
+    params["transfer"].update(steps=4, batch_size=16, lr=1e-3, max_texts=40)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     models, metrics, checkpoints = tmp_path / "models", tmp_path / "metrics", tmp_path / "checkpoints"
     common = ["--params", str(tmp_path / "params.yaml"), "--processed", str(processed)]
@@ -208,13 +285,38 @@ def test_the_three_stages_end_to_end(tmp_path):
     assert not checkpoints.exists() or not any(checkpoints.iterdir())  # resume state removed on completion
 
 
-def test_paper_profile_overrides_existing_params_only():
+def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
     from stages.common import ROOT
-    from stages.profile import flatten, set_flags
+    from stages.profile import set_flags
 
-    params = flatten(yaml.safe_load((ROOT / "params.yaml").read_text()))
-    profile = flatten(yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text()))
-    assert set(profile) <= set(params), set(profile) - set(params)  # a typo would add a dead key
     flags = set_flags(ROOT / "profiles" / "paper.yaml")
-    assert "-S=transfer.lr=5e-07" in flags and '-S=transfer.views=["shuffle","feature_cutoff"]' in flags
-    assert profile["transfer.batch_size"] == 96 and profile["joint.lr"] == 2e-5
+    assert "-S=transfer.lr=5e-07" in flags and '-S=transfer.base.views=["feature_cutoff","shuffle"]' in flags
+    assert (
+        "-S=transfer.base.encoder_dropout=false" in flags and "-S=transfer.nli.encoder_dropout=true" in flags
+    )
+    assert "-S=+transfer.base.steps=9291" in flags  # not in params.yaml: DVC's append syntax
+    assert "-S=joint.view.token_cutoff=0.1" in flags and '-S=transfer.texts="consert"' in flags
+
+
+def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
+    """`stages.profile --smoke`: a profile meant for a GPU still builds valid configs and trains."""
+    from stages import profile
+
+    monkeypatch.setenv("SENTCL_MLFLOW", "0")
+    model = make_tiny_encoder(tmp_path / "hub")
+    processed = write_tiny_processed(tmp_path / "processed")
+    profile.main(["--smoke", "--model", str(model), "--processed", str(processed)])
+
+
+def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
+    from stages.analyze import sweep_params
+    from stages.common import load_params
+
+    params = load_params()
+    cells = [
+        sweep_params(params, {"views": [v, "none"], "max_texts": 2000}, 30) for v in ("shuffle", "dropout")
+    ]
+    configs = [stage_config(p, "transfer", {"mode": "transfer"}, "base", TRANSFER_KEYS) for p in cells]
+    assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
+    assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
+    assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000

@@ -108,3 +108,15 @@ def write_tiny_processed(folder: Path | str, seed: int = 0) -> Path:
     )
     nli.to_parquet(folder / "nli.parquet")
     return folder
+
+
+def train_config(mode: str = "transfer", recipe: str | None = "base", **overrides):
+    """A ``TrainConfig`` as the stage builds it from the project's params.yaml, with ``overrides`` on top (so a
+    test runs the real defaults, which live only in params.yaml). ``recipe`` picks ``transfer.<init>``."""
+    from stages.common import load_params
+    from stages.training import stage_config
+
+    section = {"transfer": "transfer", "nli": "pretrain_nli", "joint": "joint"}[mode]
+    keys = ("texts", "max_texts", "base", "nli", "joint") if mode == "transfer" else ()
+    values = {"mode": mode, "device": "cpu", **overrides}
+    return stage_config(load_params(), section, values, recipe if mode == "transfer" else None, keys)
