@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from sentcl.losses import MLPProjection, info_nce, sup_simcse
 from sentcl.model_pooling import MASK, PromptSettings, check_template
 
 # The paper's manual templates (run.sh). ``bert-prompt`` scores an untrained bert-base-uncased with PAPER_TEMPLATE;
@@ -252,29 +252,15 @@ class PromptGraph(nn.Module):
         return states
 
 
-def info_nce(z1: torch.Tensor, z2: torch.Tensor, temperature: float) -> torch.Tensor:
-    """SimCSE's InfoNCE as models.py ``cl_forward``: cos(z1_i, z2_j) / temp over the batch, cross-entropy
-    with target j = i (one direction; the other z1 rows are not negatives, unlike NT-Xent)."""
-    logits = F.cosine_similarity(z1.unsqueeze(1).float(), z2.unsqueeze(0).float(), dim=-1) / temperature
-    return F.cross_entropy(logits, torch.arange(len(z1), device=z1.device))
-
-
-class MLPHead(nn.Module):
-    """models.py ``MLPLayer``: dense + tanh over the representation, used in training only
-    (``--mlp_only_train`` in run.sh unsup-bert) and dropped afterwards."""
-
-    def __init__(self, dim: int) -> None:
-        super().__init__()
-        self.dense, self.activation = nn.Linear(dim, dim), nn.Tanh()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.activation(self.dense(x))
+# models.py ``MLPLayer`` (dense + tanh), training only (run.sh unsup-bert ``--mlp_only_train``): SimCSE's head.
+MLPHead = MLPProjection
 
 
 class PromptContrastiveLoss(nn.Module):
     """PromptBERT's unsupervised objective: the two views of a sentence are the sentence under two templates,
     each denoised by its own template's delta (models.py ``cl_forward``: ``delta``/``delta1``, ``blen`` per
-    template), then the training-only MLP head, then InfoNCE at ``temperature`` (run.sh: 0.05).
+    template), then the training-only MLP head, then SimCSE's InfoNCE (sentcl.losses.info_nce, the same arithmetic
+    as models.py ``cos_sim = cls.sim(z1, z2)``; ``CrossEntropyLoss(cos_sim, arange)``) at ``temperature`` (0.05).
 
     ``loss(model, tokenizer, sentences)``; ``views`` gives (z1, z2) before the loss for trainers that gather
     representations themselves (GradCache, all-gather)."""
@@ -308,3 +294,67 @@ class PromptContrastiveLoss(nn.Module):
     def forward(self, model: nn.Module, sentences: Sequence[str]) -> torch.Tensor:
         z1, z2 = self.views(model, sentences)
         return info_nce(z1, z2, self.temperature)
+
+
+class PromptBERTObjective(nn.Module):
+    """PromptBERT as one of sentcl.objectives' pieces (``representations(embed, items)`` -> ``loss(reps)``), so the
+    trainer's gradient caching and all-gather apply unchanged. ``examples``:
+
+    - ``sentences`` (unsupervised, run.sh unsup-bert): two templates, each denoised, projection, InfoNCE;
+    - ``triplets`` (supervised, run.sh sup-bert): (premise, entailment, contradiction) under the one template,
+      denoised, supervised SimCSE (models.py ``cl_forward`` with ``num_sent == 3``, hard_negative_weight 0).
+      The authors' sup-bert also trains BERT's MLM transform over the [MASK] state (``org_mlp``): not here.
+
+    The encoder runs in whatever train/eval mode the trainer set (dropout), under the Embedder's autocast.
+    """
+
+    head_parameters: tuple[str, ...] = ()
+
+    def __init__(
+        self,
+        tokenizer,
+        templates: Sequence[str],
+        temperature: float,
+        denoise: bool,
+        max_length: int,
+        examples: str = "sentences",
+        projection: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        if examples not in ("sentences", "triplets"):
+            raise ValueError(f"PromptBERT trains on sentences or triplets, not {examples!r}")
+        wanted = 2 if examples == "sentences" else 1
+        if len(templates) != wanted:
+            raise ValueError(f"PromptBERT on {examples} needs {wanted} template(s), got {len(templates)}")
+        self.examples, self.temperature, self.projection = examples, temperature, projection
+        self.poolers = [
+            PromptPooler(tokenizer, PromptSettings(t, denoise=denoise), max_length) for t in templates
+        ]
+
+    def _pool(self, embed, pooler: PromptPooler, sentences: Sequence[str]) -> torch.Tensor:
+        batch = pooler.tokenize(sentences)
+        enabled = embed.autocast_dtype is not None
+        with torch.autocast(embed.device.type, dtype=embed.autocast_dtype or torch.bfloat16, enabled=enabled):
+            return pooler(
+                embed.encoder.model,
+                batch["input_ids"].to(embed.device),
+                batch["attention_mask"].to(embed.device),
+            )
+
+    def representations(self, embed, items: Sequence) -> dict[str, torch.Tensor]:
+        if self.examples == "sentences":
+            return {
+                "z1": self._pool(embed, self.poolers[0], items),
+                "z2": self._pool(embed, self.poolers[1], items),
+            }
+        a, p, n = zip(*items, strict=True)
+        anchor, positive, negative = self._pool(embed, self.poolers[0], [*a, *p, *n]).chunk(3)
+        return {"anchor": anchor, "positive": positive, "negative": negative}
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        return self.projection(z.float()) if self.projection is not None else z
+
+    def loss(self, reps: dict[str, torch.Tensor], negatives: torch.Tensor | None = None) -> torch.Tensor:
+        if self.examples == "sentences":
+            return info_nce(self.project(reps["z1"]), self.project(reps["z2"]), self.temperature, negatives)
+        return sup_simcse(reps["anchor"], reps["positive"], reps["negative"], self.temperature)

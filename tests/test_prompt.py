@@ -324,3 +324,40 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
         None, {"input_ids": batch["input_ids"].numpy(), "attention_mask": batch["attention_mask"].numpy()}
     )[0]
     np.testing.assert_allclose(onnx_vectors, expected, atol=1e-4)
+
+
+def test_the_promptbert_objective_piece_gives_the_pure_loss_through_the_trainers_embedder(tiny):
+    from sentcl.objectives import Embedder
+    from sentcl.prompt import PromptBERTObjective
+    from sentcl.views import ViewConfig
+
+    folder, model, tokenizer = tiny
+    encoder = Encoder(model, tokenizer, max_length=64)
+    view = ViewConfig(0.15, 0.2, 0.2, 0.15, 0.15, 1.0, 0.32)
+    embed = Embedder(encoder, view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    torch.manual_seed(0)
+    head = MLPHead(model.config.hidden_size)
+    sentences = ["a man is playing a guitar", "two dogs", "a woman riding a horse on the street", "cat"]
+    objective = PromptBERTObjective(tokenizer, PAPER_TRAIN_TEMPLATES, 0.05, True, 64, projection=head)
+    with torch.no_grad():
+        loss = objective.loss(objective.representations(embed, sentences))
+        theirs = authors_loss(model, tokenizer, sentences, PAPER_TRAIN_TEMPLATES, 0.05, head)
+    torch.testing.assert_close(loss, theirs, atol=1e-5, rtol=1e-5)
+    # Supervised: (premise, entailment, contradiction) under one template, denoised, supervised SimCSE.
+    sup = PromptBERTObjective(tokenizer, PAPER_TRAIN_TEMPLATES[:1], 0.05, True, 64, examples="triplets")
+    triplets = [
+        ("a man", "a boy", "a cat"),
+        ("two dogs", "dogs", "a car"),
+        ("red ball", "a ball", "blue water"),
+    ]
+    with torch.no_grad():
+        reps = sup.representations(embed, triplets)
+        pooler = PromptPooler(tokenizer, PromptSettings(PAPER_TRAIN_TEMPLATES[0], denoise=True), 64)
+        batch = pooler.tokenize([t[1] for t in triplets])
+        positive = pooler(model, batch["input_ids"], batch["attention_mask"])
+        torch.testing.assert_close(reps["positive"], positive, atol=1e-5, rtol=1e-5)
+        z1, z2, z3 = reps["anchor"], reps["positive"], reps["negative"]
+        cos = F.cosine_similarity(z1.unsqueeze(1), torch.cat([z2, z3]).unsqueeze(0), dim=-1) / 0.05
+        torch.testing.assert_close(
+            sup.loss(reps), F.cross_entropy(cos, torch.arange(3)), atol=1e-5, rtol=1e-5
+        )
