@@ -1,7 +1,9 @@
 """A Hugging Face encoder plus pooling: the one model class of the project.
 
 Training uses mean pooling of the last layer (``last-avg``); evaluation may ask for ``cls``, ``last2-avg`` or
-``first-last-avg`` (the average of the embedding-layer output and the last layer, as in SimCSE/ConSERT code).
+``first-last-avg`` (the average of the embedding-layer output and the last layer, as in SimCSE/ConSERT code),
+or ``prompt`` (PromptBERT: the [MASK] state of a template, sentcl/prompt.py), which also changes tokenization.
+A folder saved with a pooling that sentence-transformers cannot express carries it in ``sentcl_pooling.json``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,15 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer
 
-POOLINGS = ("cls", "last-avg", "last2-avg", "first-last-avg")
+from sentcl.model_pooling import (
+    POOLING_FILE,
+    POOLINGS,
+    ModelPooling,
+    PromptSettings,
+    read_model_pooling,
+    write_model_pooling,
+)
+
 BUNDLED_MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2")
 
 
@@ -44,32 +54,75 @@ def pool(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, po
         return _masked_mean((hidden_states[-1] + hidden_states[-2]) / 2, attention_mask)
     if pooling == "first-last-avg":
         return _masked_mean((hidden_states[-1] + hidden_states[0]) / 2, attention_mask)
+    if pooling == "prompt":
+        raise ValueError("prompt pooling needs input_ids and a template: use sentcl.prompt.PromptPooler")
     raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
 
 
 class Encoder(nn.Module):
     """``AutoModel`` + tokenizer + pooling. ``forward`` takes tokenized input; ``encode`` takes sentences."""
 
-    def __init__(self, model: nn.Module, tokenizer, pooling: str = "last-avg", max_length: int = 64) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        tokenizer,
+        pooling: str = "last-avg",
+        max_length: int = 64,
+        prompt: PromptSettings | None = None,
+    ) -> None:
         super().__init__()
-        if pooling not in POOLINGS:
-            raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        ModelPooling(pooling, prompt)  # checks the name, and that prompt pooling has its template
         self.model, self.tokenizer, self.pooling, self.max_length = model, tokenizer, pooling, max_length
+        self.prompt = prompt
+        self._prompt_pooler = None
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str, pooling: str = "last-avg", max_length: int = 64) -> Encoder:
+    def from_pretrained(
+        cls,
+        name_or_path: str,
+        pooling: str | None = None,
+        max_length: int = 64,
+        prompt: PromptSettings | None = None,
+    ) -> Encoder:
+        """``pooling`` None: the pooling the folder carries (``sentcl_pooling.json``), else ``last-avg``."""
         path = resolve_model_path(name_or_path)
-        return cls(AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), pooling, max_length)
+        if pooling is None:
+            carried = read_model_pooling(path) if Path(path).is_dir() else None
+            pooling, prompt = (carried.pooling, carried.prompt) if carried else ("last-avg", None)
+        return cls(
+            AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), pooling, max_length, prompt
+        )
+
+    def prompt_pooler(self):
+        """The ``sentcl.prompt.PromptPooler`` for this encoder's tokenizer, template and max_length."""
+        from sentcl.prompt import PromptPooler
+
+        if self.prompt is None:
+            raise ValueError("prompt pooling needs prompt settings (template, denoise): Encoder(prompt=...)")
+        key = (self.prompt, self.max_length, id(self.tokenizer))
+        if self._prompt_pooler is None or self._prompt_pooler[0] != key:
+            self._prompt_pooler = (key, PromptPooler(self.tokenizer, self.prompt, self.max_length))
+        return self._prompt_pooler[1]
 
     @property
     def dim(self) -> int:
         return self.model.config.hidden_size
 
+    def get_embedding_dimension(
+        self,
+    ) -> int:  # the SentenceTransformer name, for load_folder_encoder's callers
+        return self.dim
+
     @property
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def tokenize(self, sentences: Sequence[str]) -> dict[str, torch.Tensor]:
+    def tokenize(self, sentences: Sequence[str], pooling: str | None = None) -> dict[str, torch.Tensor]:
+        """Model inputs; ``prompt`` pooling puts each sentence in the template (and may cut the sentence)."""
+        if (pooling or self.pooling) == "prompt":
+            from transformers import BatchEncoding
+
+            return BatchEncoding(self.prompt_pooler().tokenize(sentences))
         return self.tokenizer(
             list(sentences), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
         )
@@ -83,6 +136,8 @@ class Encoder(nn.Module):
     ) -> torch.Tensor:
         """Sentence vectors. ``model_kwargs`` reach the model (``inputs_embeds``, ``position_ids``, ...)."""
         pooling = pooling or self.pooling
+        if pooling == "prompt":
+            return self.prompt_pooler()(self.model, input_ids, attention_mask, **model_kwargs)
         needs_all_layers = pooling in ("last2-avg", "first-last-avg")
         output = self.model(
             input_ids=input_ids,
@@ -104,13 +159,15 @@ class Encoder(nn.Module):
         vectors = np.zeros((len(sentences), self.dim), dtype=np.float32)
         for start in range(0, len(order), batch_size):
             chunk = order[start : start + batch_size]
-            batch = self.tokenize([sentences[i] for i in chunk]).to(self.device)
+            batch = self.tokenize([sentences[i] for i in chunk], pooling).to(self.device)
             vectors[chunk] = self(batch["input_ids"], batch["attention_mask"], pooling).float().cpu().numpy()
         self.train(was_training)
         return vectors
 
     def save(self, path: Path | str) -> None:
-        """Write a sentence-transformers folder (Transformer + mean Pooling) that also loads with AutoModel."""
+        """Write a sentence-transformers folder (Transformer + mean Pooling) that also loads with AutoModel;
+        a pooling sentence-transformers cannot express (prompt, last2-avg, first-last-avg) goes to
+        ``sentcl_pooling.json`` too, which sentcl's consumers read (``read_model_pooling``)."""
         from sentence_transformers import SentenceTransformer
         from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
@@ -121,3 +178,25 @@ class Encoder(nn.Module):
         transformer = Transformer(str(path), max_seq_length=self.max_length)
         st_pooling = {"cls": "cls", "last-avg": "mean"}.get(self.pooling, "mean")
         SentenceTransformer(modules=[transformer, Pooling(self.dim, st_pooling)]).save(str(path))
+        if self.pooling not in ("cls", "last-avg"):
+            write_model_pooling(
+                path, ModelPooling(self.pooling, self.prompt if self.pooling == "prompt" else None)
+            )
+        elif (path / POOLING_FILE).exists():  # a folder saved over: its old pooling no longer holds
+            (path / POOLING_FILE).unlink()
+
+
+def load_folder_encoder(folder: str | Path, device: str | None = None):
+    """What to encode a model folder with, honouring the pooling it carries: ``SentenceTransformer(folder)``
+    when it carries none (sentence-transformers' own pooling config), else an ``Encoder`` with the folder's
+    pooling (PromptBERT) and its ``max_seq_length``. Both have ``encode(sentences, batch_size=...)`` -> float32
+    array and ``get_embedding_dimension()``. The one place embed, export and other consumers decide this."""
+    carried = read_model_pooling(folder) if Path(folder).is_dir() else None
+    if carried is None:
+        from sentence_transformers import SentenceTransformer
+
+        return SentenceTransformer(str(folder), device=device)
+    from sentcl.fast_encode import model_max_length
+
+    encoder = Encoder.from_pretrained(str(folder), max_length=model_max_length(folder))
+    return (encoder.to(device) if device else encoder).eval()

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from sentcl.encoder import POOLINGS, pool, resolve_model_path
+from sentcl.model_pooling import ModelPooling, PromptSettings
 
 log = logging.getLogger(__name__)
 BACKENDS = ("onnx", "torch")
@@ -157,11 +158,13 @@ class FastEncoder:
         threads: int | None = None,
         workers: int | None = None,
         progress: bool = False,
+        prompt: PromptSettings | None = None,
     ) -> None:
         from transformers import AutoModel, AutoTokenizer
 
         if pooling not in POOLINGS:
             raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
+        ModelPooling(pooling, prompt)  # prompt pooling needs its settings
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         self.model_path = resolve_model_path(str(model_path))
@@ -177,7 +180,18 @@ class FastEncoder:
         self.workers = workers or default_workers(self.threads)
         self.tokenizer = AutoTokenizer.from_pretrained(folder)
         torch.set_num_threads(self.threads)
-        self.torch_model = _Pooled(AutoModel.from_pretrained(folder).eval(), pooling).eval()
+        self.prompt_pooler = None
+        if pooling == "prompt":
+            # The [MASK] gather and the per-length delta table live in the graph (sentcl/prompt.py PromptGraph),
+            # so ONNX Runtime runs them too; the template goes in at tokenization.
+            from sentcl.prompt import PromptGraph, PromptPooler
+
+            self.prompt_pooler = PromptPooler(self.tokenizer, prompt, self.max_length)
+            self.torch_model = PromptGraph(
+                AutoModel.from_pretrained(folder).eval(), self.prompt_pooler
+            ).eval()
+        else:
+            self.torch_model = _Pooled(AutoModel.from_pretrained(folder).eval(), pooling).eval()
         self.dim = int(self.torch_model.model.config.hidden_size)
         self.session = None
         self.backend = "torch"
@@ -187,6 +201,8 @@ class FastEncoder:
 
     # -- tokenization and batching -------------------------------------------------------------------------
     def _tokenize(self, sentences: Sequence[str]) -> list[list[int]]:
+        if self.prompt_pooler is not None:  # each sentence inside the template, cut inside it if too long
+            return self.prompt_pooler.token_ids(sentences)
         # The same call sentence-transformers makes (strip, truncate to max_seq_length), minus the padding.
         return self.tokenizer(
             [str(s).strip() for s in sentences], truncation=True, max_length=self.max_length
@@ -233,6 +249,11 @@ class FastEncoder:
             self._workdir = tempfile.TemporaryDirectory(prefix="sentcl-onnx-")
             onnx_path = Path(self._workdir.name) / "model.onnx"
             example = (torch.ones(2, 8, dtype=torch.long), torch.ones(2, 8, dtype=torch.long))
+            if (
+                self.prompt_pooler is not None
+            ):  # the graph reads the [MASK] and the length: a real prompt batch
+                _, ids, mask = next(self.batches(["a man is here", "a dog"]))
+                example = (torch.from_numpy(ids), torch.from_numpy(mask))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 # The TorchScript exporter: 1-2 s for a MiniLM, against ~10 s for the dynamo one, same graph speed.
@@ -255,7 +276,12 @@ class FastEncoder:
             self._check_onnx()
             self.backend = "onnx"
         except Exception as error:  # any model the exporter cannot handle still gets evaluated, slower
-            log.warning("ONNX backend unavailable for %s (%s); using torch", self.model_path, error)
+            log.warning(
+                "ONNX backend unavailable for %s with %s pooling (%s); falling back to torch",
+                self.model_path,
+                self.pooling,
+                error,
+            )
             self.session = None
             self.backend = "torch"
 

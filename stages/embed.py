@@ -90,7 +90,7 @@ def resolve_model(model: str | None, scratch: Path, registered_name: str) -> tup
     so the version named is the version downloaded even if the alias moves meanwhile."""
     if model and not model.startswith("models:/"):
         return Path(resolve_model_path(model)), model
-    from stages import tracking
+    from sentcl_mlflow import registry as tracking
 
     name, alias, version = registered_name, tracking.CHAMPION, None
     if model:
@@ -149,6 +149,23 @@ def fast_settings(folder: Path) -> tuple[str, bool] | None:
 def make_encoder(folder: Path, max_batch: int, progress: bool) -> tuple[Callable, Callable[[], int], str]:
     """(encode(sentences) -> float32 [n, dim], truncated-count of the last call, backend name)."""
     from sentcl.fast_encode import FastEncoder, count_truncated
+    from sentcl.model_pooling import read_model_pooling
+
+    if read_model_pooling(folder) is not None:  # a pooling the folder carries (PromptBERT): sentcl's encoder
+        from sentcl.encoder import load_folder_encoder
+
+        carried = load_folder_encoder(folder)
+        counted_carried = {"n": 0}
+
+        def encode_carried(sentences: list[str]) -> np.ndarray:
+            counted_carried["n"] = count_truncated(carried.tokenizer, sentences, carried.max_length)
+            return np.asarray(carried.encode(sentences, batch_size=max_batch), dtype=np.float32)
+
+        return (
+            encode_carried,
+            lambda: counted_carried["n"],
+            f"torch, {carried.pooling}, max {carried.max_length} tokens",
+        )
 
     settings = fast_settings(folder)
     if settings is not None:

@@ -6,6 +6,11 @@
     python -m stages.evaluate --model NAME=DIR ... --output F   # several: {NAME: standalone JSON}; logs nothing
 
 ``--data`` is a folder in SentEval layout (default: the pipeline's data/raw).
+
+Pooling, per model folder: ``--pooling`` when given, else the pooling the folder carries (``sentcl_pooling.json``,
+written for a prompt-trained model), else params ``evaluate.pooling``. ``--pooling prompt`` takes its template,
+denoising and final period from params ``evaluate.prompt``; ``--template``/``--denoise``/``--no-denoise`` override
+those (also for a folder that carries a prompt).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ import hashlib
 import json
 import logging
 import sys
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from sentcl.encoder import POOLINGS, resolve_model_path
+from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import Benchmark, evaluate, load_benchmark, markdown_table, order_result
 from sentcl.fast_encode import BACKENDS, DEFAULT_MAX_TOKENS, FastEncoder
+from sentcl.model_pooling import POOLINGS, ModelPooling, PromptSettings, read_model_pooling
 from stages.common import METRICS, MODELS, RAW, load_params, offline_hub
 
 log = logging.getLogger("stages.evaluate")
@@ -41,6 +48,7 @@ def evaluate_model(
     max_length: int | None = None,
     max_tokens: int = DEFAULT_MAX_TOKENS,
     progress: bool = True,
+    prompt: PromptSettings | None = None,
 ) -> dict[str, Any]:
     """The standalone JSON for one model folder (or the bundled model's name)."""
     encoder = FastEncoder(
@@ -50,8 +58,11 @@ def evaluate_model(
         backend=backend,
         max_tokens=max_tokens,
         progress=progress,
+        prompt=prompt,
     )
     result = evaluate(benchmark, encoder)
+    if prompt is not None and pooling == "prompt":
+        result["prompt"] = asdict(prompt)
     result.update(
         pooling=pooling,
         model=str(model),
@@ -75,6 +86,35 @@ def weights_digest(folder: Path) -> str:
                 for block in iter(lambda f=f: f.read(1 << 20), b""):
                     h.update(block)
     return h.hexdigest()
+
+
+def model_pooling(
+    folder: str | Path,
+    settings: dict[str, Any],
+    pooling: str | None = None,
+    prompt_flags: dict[str, Any] | None = None,
+) -> ModelPooling:
+    """The pooling to score ``folder`` with: the ``pooling`` flag, else the folder's own, else params
+    ``evaluate.pooling``; prompt settings from params ``evaluate.prompt`` (or the folder's), then the flags."""
+    flags = {k: v for k, v in (prompt_flags or {}).items() if v is not None}
+
+    def from_params() -> PromptSettings:
+        values = dict(settings.get("prompt") or {}) | flags
+        if "template" not in values:
+            raise SystemExit(
+                "evaluate: prompt pooling needs a template (params evaluate.prompt or --template)"
+            )
+        return PromptSettings(**values)
+
+    if pooling is None:
+        path = Path(resolve_model_path(str(folder)))
+        carried = read_model_pooling(path) if path.is_dir() else None
+        if carried is not None:
+            if carried.prompt is not None and flags:
+                return ModelPooling(carried.pooling, replace(carried.prompt, **flags))
+            return carried
+        pooling = settings["pooling"]
+    return ModelPooling(pooling, from_params() if pooling == "prompt" else None)
 
 
 def _summary(name: str, result: dict[str, Any]) -> str:
@@ -124,13 +164,26 @@ def write_summaries(results: dict[str, Any], folder: Path) -> None:
 
 
 def run_pipeline(
-    params: dict[str, Any], data: Path, pooling: str | None, backend: str | None
+    params: dict[str, Any],
+    data: Path,
+    pooling: str | None,
+    backend: str | None,
+    prompt_flags: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run."""
+    """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run.
+    Each checkpoint is scored with its own pooling (``model_pooling``) unless ``pooling`` is given."""
     from sentcl_mlflow.runs import log_stage, sts_metrics
 
     settings = DEFAULTS | (params.get("evaluate") or {})
+    poolings = {
+        name: model_pooling(MODELS / name, settings, pooling, prompt_flags)
+        for name in settings["checkpoints"]
+    }
     pooling = pooling or settings["pooling"]
+    own = sorted(name for name, chosen in poolings.items() if chosen.pooling != pooling)
+    pooling_text = f"{pooling}" + (
+        f" (its own for {', '.join(own)}: see `pooling` in sts.json)" if own else ""
+    )
     backend = backend or settings["backend"]
     folders = {name: MODELS / name for name in settings["checkpoints"]}
     missing = [name for name, folder in folders.items() if not folder.is_dir()]
@@ -149,8 +202,14 @@ def run_pipeline(
             results[name] = dict(results[seen[digest]], model=f"models/{name}", same_weights_as=seen[digest])
             results[name]["seconds"] = 0.0
         else:
+            chosen = poolings[name]
             results[name] = evaluate_model(
-                folder, benchmark, pooling, backend, max_tokens=int(settings["max_tokens"])
+                folder,
+                benchmark,
+                chosen.pooling,
+                backend,
+                max_tokens=int(settings["max_tokens"]),
+                prompt=chosen.prompt,
             )
             results[name]["model"] = f"models/{name}"
             seen[digest] = name
@@ -159,7 +218,7 @@ def run_pipeline(
     (METRICS / "sts.json").write_text(json.dumps(results, indent=2) + "\n")
     write_summaries(results, METRICS / "eval")
     table = (
-        f"# STS benchmark by checkpoint\n\nSpearman x 100 of cosine similarity, pooling `{pooling}`, "
+        f"# STS benchmark by checkpoint\n\nSpearman x 100 of cosine similarity, pooling `{pooling_text}`, "
         'protocol "all" (each task\'s subsets concatenated; ConSERT Table 3).\n\n'
         + markdown_table(results, "all")
         + '\nProtocol "mean" (average of per-subset Spearman; SentEval default):\n\n'
@@ -182,7 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", action="append", default=[], help="DIR, or NAME=DIR (repeatable)")
     parser.add_argument("--data", type=Path, default=RAW, help="SentEval layout folder (default data/raw)")
     parser.add_argument("--output", type=Path, help="JSON file (standalone mode; default: stdout)")
-    parser.add_argument("--pooling", choices=POOLINGS, help="default last-avg (params evaluate.pooling)")
+    parser.add_argument(
+        "--pooling",
+        choices=POOLINGS,
+        help="for every model; default: the folder's own (sentcl_pooling.json), else params evaluate.pooling",
+    )
+    parser.add_argument(
+        "--template", help="prompt pooling's template, e.g. 'This sentence : \"[X]\" means [MASK] .'"
+    )
+    parser.add_argument(
+        "--denoise",
+        action=argparse.BooleanOptionalAction,
+        help="prompt pooling: subtract the template's delta (default params evaluate.prompt.denoise)",
+    )
     parser.add_argument("--backend", choices=BACKENDS, help="onnx (default) or torch; same numbers")
     parser.add_argument("--max-length", type=int, help="truncation; default the model's own max_seq_length")
     parser.add_argument(
@@ -192,13 +263,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
+    prompt_flags = {"template": args.template, "denoise": args.denoise}
     if not (args.data / "STS").is_dir():
         raise SystemExit(f"evaluate: {args.data} is not in SentEval layout (no STS/ folder)")
     params = load_params()
     if not args.model:
         if args.output:
             raise SystemExit("evaluate: --output is for --model; the stage writes metrics/sts.json")
-        run_pipeline(params, args.data, args.pooling, args.backend)
+        run_pipeline(params, args.data, args.pooling, args.backend, prompt_flags)
         return 0
 
     settings = DEFAULTS | (params.get("evaluate") or {})
@@ -213,14 +285,16 @@ def main(argv: list[str] | None = None) -> int:
     for name, folder in models.items():
         if not Path(resolve_model_path(folder)).exists() and not Path(folder).exists():
             log.warning("evaluate: %s is not a local folder; trying it as a Hugging Face id", folder)
+        chosen = model_pooling(folder, settings, args.pooling, prompt_flags)
         results[name] = evaluate_model(
             folder,
             benchmark,
-            args.pooling or settings["pooling"],
+            chosen.pooling,
             args.backend or settings["backend"],
             max_length=args.max_length,
             max_tokens=int(settings["max_tokens"]),
             progress=not args.no_progress,
+            prompt=chosen.prompt,
         )
         log.info(_summary(name, results[name]))
     output = results if as_mapping else next(iter(results.values()))

@@ -21,6 +21,7 @@ import logging
 import shutil
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
 
     from sentcl.encoder import Encoder
 
-    encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()
+    encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()  # the folder's own pooling
 
     class Pooled(torch.nn.Module):
         def __init__(self, inner: Encoder) -> None:
@@ -97,6 +98,14 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
 
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return self.inner(input_ids, attention_mask)
+
+    if encoder.pooling == "prompt":
+        from sentcl.prompt import PromptGraph
+
+        # [MASK] gather + per-length delta table in the graph; inputs are the prompt-tokenized sentence
+        graph = PromptGraph(encoder.model, encoder.prompt_pooler()).eval()
+    else:
+        graph = Pooled(encoder).eval()
 
     target = folder / "onnx" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +119,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     )
     with torch.no_grad():
         torch.onnx.export(
-            Pooled(encoder).eval(),
+            graph,
             (batch["input_ids"], batch["attention_mask"]),
             str(target),
             input_names=["input_ids", "attention_mask"],
@@ -132,6 +141,8 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         "file": "onnx/model.onnx",
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
+        "pooling": encoder.pooling,
+        **({"prompt": asdict(encoder.prompt)} if encoder.pooling == "prompt" else {}),
         "max_abs_diff_vs_pytorch": diff,
         "tolerance": ONNX_TOLERANCE,
         "sentences_checked": len(CHECK_SENTENCES),
@@ -152,6 +163,20 @@ def _table(sts_row: dict[str, Any]) -> str:
             cells = [f"{row[t]:.2f}" if isinstance(row.get(t), int | float) else "-" for t in tasks]
             lines.append(f"| {protocol} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _prompt_note(onnx_report: dict[str, Any]) -> str:
+    prompt = onnx_report.get("prompt")
+    if not prompt:
+        return ""
+    return f"""
+**This model is pooled with a prompt (PromptBERT)**, recorded in `sentcl_pooling.json`: a sentence is put in
+the template `{prompt["template"]}` and its vector is the last-layer state at `[MASK]`
+{"minus the template's own [MASK] state at that sentence length (denoising)" if prompt["denoise"] else "(no denoising)"}.
+`SentenceTransformer(folder)` alone would mean-pool: use `sentcl.encoder.Encoder.from_pretrained(folder)` or the
+registered MLflow model. The ONNX graph expects the sentence already inside the template (tokens
+`[CLS] prefix sentence suffix [SEP]`, `sentcl.prompt.tokenize_prompt`).
+"""
 
 
 def model_card(info: dict[str, Any], params: dict[str, Any], sts_row: dict[str, Any]) -> str:
@@ -188,7 +213,7 @@ vectors = model.encode(["a sentence", "another one"])   # mean pooling, not norm
 
 `onnx/model.onnx` takes `input_ids` and `attention_mask` from this folder's tokenizer and returns the pooled
 `sentence_embedding`; it matches PyTorch to {info["onnx"]["max_abs_diff_vs_pytorch"]:.1e} (tolerance 1e-4).
-
+{_prompt_note(info["onnx"])}
 ## Training data and licences
 
 | data | licence | used for |
@@ -281,15 +306,14 @@ def log_and_register(
     The MLflow run `export` (the folder as a pyfunc model) is logged only when no version of the model holds
     these weights yet (same sha256): the same weights are never registered twice, whoever retries.
     """
-    from sentence_transformers import SentenceTransformer
-
+    from sentcl.encoder import load_folder_encoder
     from sentcl_mlflow import registry, runs
 
     timings: dict[str, float] = {}
 
     def log_model() -> tuple[str, str]:
         started = time.time()
-        example_vectors = SentenceTransformer(str(output), device="cpu").encode(INPUT_EXAMPLE)
+        example_vectors = load_folder_encoder(output, device="cpu").encode(INPUT_EXAMPLE)  # its own pooling
         metrics = runs.sts_metrics(sts_row)
         metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
         run_id, model_uri = runs.log_pyfunc_run(
