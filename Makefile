@@ -11,7 +11,7 @@ export TRANSFORMERS_OFFLINE ?= 1
 export DO_NOT_TRACK = 1
 export GX_ANALYTICS_ENABLED = False
 
-.PHONY: setup run test test-all lint format bench-train exp bench-eval analyses report serve stop clean
+.PHONY: setup run test test-all lint format bench-train exp bench-eval bench-domain analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -52,6 +52,14 @@ exp: setup
 # Evaluation throughput against plain sentence-transformers encode, both as whole processes, in one run.
 bench-eval: setup
 	$(PY) benchmarks/bench_eval.py
+
+# Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time;
+# SICK by default (train sentences as text, trial pairs as dev, test pairs held out). Not part of `make run`;
+# registers nothing. make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
+BENCH_DOMAIN_ARGS ?=
+bench-domain: setup
+	$(VENV)/bin/dvc repro validate
+	$(PY) -m benchmarks.bench_domain $(BENCH_DOMAIN_ARGS)
 
 # The paper's analyses (never part of `make run`; they log and register nothing). One target each; the
 # training sweeps are short CPU runs by default: ANALYZE_ARGS="--steps 60 --max-texts all" for longer ones.
