@@ -377,7 +377,7 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
     ]
     main(
         [*common, "--text", str(text), "--dev", str(dev), "--test", str(test), "--from", model]
-        + ["--method", "contrastive", "tsdae+contrastive", "--steps", "2", "--backend", "torch"]
+        + ["--method", "tsdae+contrastive", "--steps", "2", "--backend", "torch"]  # both objectives, chained
         + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
     )
     out = capsys.readouterr().out
