@@ -550,9 +550,8 @@ class Trainer:
         """Config, training data and init weights: a changed input never resumes old weights."""
         config = asdict(self.cfg)
         config.pop("device")
-        selection = (
-            [self.domain_dev, self.max_task_drop] if self.domain_dev else []
-        )  # a changed rule restarts
+        # Selection on another domain dev set (or another guard) restarts too.
+        selection = [self.domain_dev, self.max_task_drop] if self.domain_dev else []
         payload = json.dumps(
             [config, self.world, self._inputs_digest, *selection], sort_keys=True, default=str
         )
