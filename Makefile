@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_DISABLE_TELEMETRY = 1
 
-.PHONY: setup run test test-all lint format bench-train bench-gpu exp bench-eval bench-embed analyses report serve stop clean
+.PHONY: setup run test test-all lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -66,6 +66,14 @@ bench-eval: setup
 # stages.embed against stages.evaluate on the unique STS test sentences, whole processes, as a ratio (>= 0.8x).
 bench-embed: setup
 	$(PY) benchmarks/bench_embed.py
+
+# Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time;
+# SICK by default (train sentences as text, trial pairs as dev, test pairs held out). Not part of `make run`;
+# registers nothing. make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
+BENCH_DOMAIN_ARGS ?=
+bench-domain: setup
+	$(VENV)/bin/dvc repro validate
+	$(PY) -m benchmarks.bench_domain $(BENCH_DOMAIN_ARGS)
 
 # The paper's analyses (never part of `make run`; they log and register nothing). One target each; the
 # training sweeps are short CPU runs by default: ANALYZE_ARGS="--steps 60 --max-texts all" for longer ones.

@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("nli", "joint", "transfer")
 OBJECTIVES = ("ce", "sup_simcse")
+TRANSFER_OBJECTIVES = ("contrastive", "tsdae")
 # A preset is a published recipe's loss, views, temperature and dropout; it overrides those keys of its section.
 PRESETS: dict[str, dict[str, Any]] = {
     # princeton-nlp/SimCSE run_unsup_example.sh: dropout as the only view, one-way InfoNCE, temperature 0.05.
@@ -77,7 +78,7 @@ class TrainConfig:
     """Every training setting; params.yaml (``train:`` + a stage's section) is the only home of their values."""
 
     mode: str  # nli | joint | transfer
-    objective: str  # nli mode: ce (SBERT classifier) | sup_simcse (hard negatives)
+    objective: str  # nli mode: ce (SBERT classifier) | sup_simcse; transfer mode: contrastive | tsdae
     loss: str  # the contrastive term: nt_xent (ConSERT, both directions) | info_nce (SimCSE, one way)
     steps: int  # optimizer steps at most
     batch_size: int  # sentences (transfer) or pairs (nli, joint) per step, over all ranks
@@ -97,6 +98,7 @@ class TrainConfig:
     preset: str | None  # simcse | esimcse: see PRESETS
     queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
     momentum: float
+    deletion_ratio: float  # TSDAE: share of whitespace tokens deleted from the encoder's input
     max_length: int
     eval_steps: int
     patience: int | None  # evaluations without a gain before stopping; null = never stop early
@@ -124,7 +126,9 @@ class TrainConfig:
                 raise ConfigError(f"{key}: {rule}, got {getattr(self, key)!r}")
 
         need(self.mode in MODES, "mode", f"one of {', '.join(MODES)}")
-        need(self.objective in OBJECTIVES, "objective", f"one of {', '.join(OBJECTIVES)}")
+        choices = TRANSFER_OBJECTIVES if self.mode == "transfer" else OBJECTIVES
+        need(self.objective in choices, "objective", f"one of {', '.join(choices)} in {self.mode} mode")
+        tsdae = self.mode == "transfer" and self.objective == "tsdae"
         need(self.loss in CONTRASTIVE_LOSSES, "loss", f"one of {', '.join(CONTRASTIVE_LOSSES)}")
         need(
             len(self.views) == 2 and all(v in VIEWS for v in self.views),
@@ -138,7 +142,7 @@ class TrainConfig:
                 "adversarial needs labels: joint mode only, as the second view",
             )
         need(self.steps >= 1, "steps", "at least 1")
-        contrastive = self.mode != "nli" or self.objective == "sup_simcse"
+        contrastive = self.mode == "joint" or self.objective in ("contrastive", "sup_simcse")
         need(self.batch_size >= (2 if contrastive else 1), "batch_size", "at least 2 (in-batch negatives)")
         need(self.grad_accum >= 1, "grad_accum", "at least 1")
         need(
@@ -155,6 +159,8 @@ class TrainConfig:
         need(self.alpha >= 0, "alpha", "not negative")
         need(self.queue_size >= 0, "queue_size", "not negative")
         need(0 <= self.momentum < 1, "momentum", "in [0, 1)")
+        need(not (tsdae and self.queue_size), "queue_size", "0 with tsdae (it has no negatives)")
+        need(0 <= self.deletion_ratio < 1, "deletion_ratio", "in [0, 1)")
         need(self.max_length >= 2, "max_length", "at least 2")
         need(self.eval_steps >= 1, "eval_steps", "at least 1")
         need(self.patience is None or self.patience >= 1, "patience", "null or at least 1")
@@ -198,27 +204,63 @@ def _build(kind: type, values: dict[str, Any], section: str) -> Any:
 @dataclass
 class TrainResult:
     init_score: float  # STS-B dev at step 0
-    best_score: float
+    best_score: float  # STS-B dev of the selected step
     best_step: int  # 0: no evaluation beat the init, and the output is the init
     steps: int  # steps run
     seconds: float
     stopped_early: bool
-    rows: list[dict[str, Any]]  # the curves: step, loss, lr, stsb_dev
+    rows: list[dict[str, Any]]  # the curves: step, loss, lr, stsb_dev (and domain_dev)
+    domain_init: float | None = None  # domain dev at step 0, when selection ran on a domain dev set
+    domain_best: float | None = None  # domain dev of the selected step
+    max_task_drop: float | None = None  # the STS-B guard of domain selection
 
     @property
     def beat_init(self) -> bool:
         return self.best_step > 0
 
     def metrics(self) -> dict[str, Any]:
+        domain = {}
+        if self.domain_init is not None:
+            domain = {
+                "selected_on": "domain_dev",
+                "domain_dev_step0": round(self.domain_init, 4),
+                "domain_dev_best": round(self.domain_best, 4),
+                "max_task_drop": self.max_task_drop,
+            }
         return {
             "stsb_dev_step0": round(self.init_score, 4),
             "stsb_dev_best": round(self.best_score, 4),
+            **domain,
             "best_step": self.best_step,
             "beat_init": self.beat_init,
             "steps": self.steps,
             "stopped_early": self.stopped_early,
             "seconds": round(self.seconds, 1),
         }
+
+
+# --- checkpoint selection -------------------------------------------------------------------------------
+
+
+def selectable(
+    scores: dict[str, float],
+    best: dict[str, float],
+    init: dict[str, float],
+    min_delta: float,
+    max_task_drop: float | None = None,
+) -> bool:
+    """Whether an evaluation's ``scores`` replace the ``best`` so far (scores: Spearman x 100 by name).
+
+    Without ``domain_dev``: STS-B dev must beat the best by more than ``min_delta``. With it (a retrain for a
+    domain): the domain dev score must beat the best's by more than ``min_delta``, and STS-B dev is a guard: a
+    step whose STS-B dev is more than ``max_task_drop`` below the init's is never selected.
+    """
+    if "domain_dev" not in scores:
+        return scores["stsb_dev"] > best["stsb_dev"] + min_delta
+    if max_task_drop is None:
+        raise ValueError("selection on a domain dev set needs max_task_drop, the STS-B dev guard")
+    guarded = scores["stsb_dev"] >= init["stsb_dev"] - max_task_drop
+    return guarded and scores["domain_dev"] > best["domain_dev"] + min_delta
 
 
 # --- distributed and device -----------------------------------------------------------------------------
@@ -317,6 +359,8 @@ class Trainer:
     (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse).
     ``dev_pairs``: (sentence1, sentence2, score) of STS-B dev, scored with last-avg pooling.
     ``checkpoint_dir``: resume state; reused when it holds a run of the same config and data, removed at the end.
+    ``domain_dev``: (sentence1, sentence2, score) of a retrain's domain: checkpoint selection then uses it, and
+    STS-B dev becomes a guard that may not fall more than ``max_task_drop`` below the init (``selectable``).
     """
 
     def __init__(
@@ -328,8 +372,12 @@ class Trainer:
         checkpoint_dir: Path | str | None = None,
         progress: bool = True,
         on_row: Callable[[dict[str, Any]], None] | None = None,
+        domain_dev: Sequence[tuple[str, str, float]] | None = None,
+        max_task_drop: float | None = None,
     ) -> None:
         self.cfg, self.examples = config, list(examples)
+        if domain_dev and max_task_drop is None:
+            raise ValueError("a domain dev set needs max_task_drop, the STS-B dev guard")
         self.rank, self.world = dist_info()
         if config.batch_size % (self.world * config.grad_accum):
             raise ValueError(
@@ -344,12 +392,14 @@ class Trainer:
         self.encoder = encoder.to(self.device)
         self.encoder.max_length = config.max_length
         self.encoder.pooling = "last-avg"
-        self.objective: Objective = build_objective(config, encoder.dim).to(self.device)
+        self.objective: Objective = build_objective(config, encoder.dim, encoder).to(self.device)
         heads = [
             p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
         ]
         head_ids = {id(p) for p in heads}
-        body = [p for p in self.objective.parameters() if id(p) not in head_ids]  # e.g. SimCSE's projection
+        # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
+        owned = head_ids | {id(p) for p in self.encoder.parameters()}
+        body = [p for p in self.objective.parameters() if id(p) not in owned]
         groups = [
             {"params": [p for p in self.encoder.parameters() if p.requires_grad] + body, "lr": config.lr}
         ]
@@ -373,6 +423,8 @@ class Trainer:
         if self.order.batch_size < config.batch_size:
             log.warning("only %d examples: the batch shrinks from %d", len(self.examples), config.batch_size)
         self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
+        self.domain_evaluator = STSEvaluator(domain_dev, "domain-dev") if domain_dev else None
+        self.domain_dev, self.max_task_drop = list(domain_dev or []), max_task_drop
         self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress, self.on_row = progress and self.rank == 0, on_row
         self.autocast = use_bf16(config.bf16, self.device)
@@ -486,17 +538,28 @@ class Trainer:
 
     # -- evaluation and checkpoints ----------------------------------------------------------------------------
 
-    def evaluate(self) -> float:
-        score = None
+    def evaluate(self) -> dict[str, float]:
+        """STS-B dev, and the domain dev set when there is one (Spearman x 100 by name)."""
+        scores = None
         if self.rank == 0:
-            score = self.evaluator(lambda s: self.encoder.encode(s, batch_size=128, pooling="last-avg"))
-        return _broadcast(score)
+
+            def encode(sentences: Sequence[str]) -> np.ndarray:
+                return self.encoder.encode(sentences, batch_size=128, pooling="last-avg")
+
+            scores = {"stsb_dev": self.evaluator(encode)}
+            if self.domain_evaluator is not None:
+                scores["domain_dev"] = self.domain_evaluator(encode)
+        return _broadcast(scores)
 
     def _fingerprint(self) -> str:
         """Config, training data and init weights: a changed input never resumes old weights."""
         config = asdict(self.cfg)
         config.pop("device")
-        payload = json.dumps([config, self.world, self._inputs_digest], sort_keys=True, default=str)
+        # Selection on another domain dev set (or another guard) restarts too.
+        selection = [self.domain_dev, self.max_task_drop] if self.domain_dev else []
+        payload = json.dumps(
+            [config, self.world, self._inputs_digest, *selection], sort_keys=True, default=str
+        )
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
 
     def _digest_inputs(self) -> str:
@@ -566,18 +629,18 @@ class Trainer:
         resumed = self.load_state()
         if resumed:
             step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]
-            init_score, best, best_step, bad = (
-                resumed[k] for k in ("init_score", "best", "best_step", "bad")
+            init, best, best_step, bad = (
+                resumed[k] for k in ("init_scores", "best_scores", "best_step", "bad")
             )
             best_state = resumed["best_state"]
-            log.info("resuming from step %d (best STS-B dev %.2f at step %d)", step, best, best_step)
+            log.info("resuming from step %d (best %s at step %d)", step, _describe(best), best_step)
         else:
             step, elapsed, bad = 0, 0.0, 0
-            init_score = best = self.evaluate()
+            init = best = self.evaluate()
             best_step, best_state = 0, self._snapshot()
-            rows = [{"step": 0, "loss": None, "lr": 0.0, "stsb_dev": init_score}]
+            rows = [{"step": 0, "loss": None, "lr": 0.0, **init}]
             self._emit(rows[-1])
-            log.info("step 0 (init): STS-B dev %.2f", init_score)
+            log.info("step 0 (init): %s", _describe(init))
         bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}", disable=not self.progress)
         while step < cfg.steps and not self._out_of_patience(bad):
             lr = self.scheduler.get_last_lr()[0]
@@ -587,21 +650,27 @@ class Trainer:
             except torch.OutOfMemoryError as exc:
                 raise RuntimeError(self._oom_message(step + 1)) from exc
             step += 1
-            row = {"step": step, "loss": loss, "lr": lr, "stsb_dev": None}
+            row = {"step": step, "loss": loss, "lr": lr, **dict.fromkeys(init)}
             evaluate = step % cfg.eval_steps == 0 or step == cfg.steps
             if evaluate:
-                row["stsb_dev"] = score = self.evaluate()
-                if score > best + cfg.min_delta:
-                    best, best_step, bad, best_state = score, step, 0, self._snapshot()
+                scores = self.evaluate()
+                row.update(scores)
+                if selectable(scores, best, init, cfg.min_delta, self.max_task_drop):
+                    best, best_step, bad, best_state = scores, step, 0, self._snapshot()
                 else:
                     bad += 1
                 log.info(
-                    "step %d: loss %.4f, STS-B dev %.2f (best %.2f at %d)", step, loss, score, best, best_step
+                    "step %d: loss %.4f, %s (best %s at %d)",
+                    step,
+                    loss,
+                    _describe(scores),
+                    _describe(best),
+                    best_step,
                 )
             rows.append(row)
             self._emit(row)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", best=f"{best:.2f}")
+            bar.set_postfix(loss=f"{loss:.4f}", best=f"{best.get('domain_dev', best['stsb_dev']):.2f}")
             save_every = cfg.save_steps or cfg.eval_steps
             if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
                 self.save_state(
@@ -609,8 +678,8 @@ class Trainer:
                         "step": step,
                         "rows": rows,
                         "elapsed": elapsed + time.perf_counter() - started,
-                        "init_score": init_score,
-                        "best": best,
+                        "init_scores": init,
+                        "best_scores": best,
                         "best_step": best_step,
                         "bad": bad,
                         "best_state": best_state,
@@ -621,9 +690,18 @@ class Trainer:
         self.last_state = self._snapshot()  # the weights before selection, for inspection and tests
         self.encoder.model.load_state_dict(best_state)
         if best_step == 0:
-            log.warning("no evaluation beat the init (STS-B dev %.2f): the output is the init", init_score)
+            log.warning("no evaluation beat the init (%s): the output is the init", _describe(init))
         return TrainResult(
-            init_score, best, best_step, step, elapsed + time.perf_counter() - started, stopped, rows
+            init["stsb_dev"],
+            best["stsb_dev"],
+            best_step,
+            step,
+            elapsed + time.perf_counter() - started,
+            stopped,
+            rows,
+            init.get("domain_dev"),
+            best.get("domain_dev"),
+            self.max_task_drop if self.domain_evaluator is not None else None,
         )
 
     def _out_of_patience(self, bad: int) -> bool:
@@ -653,6 +731,11 @@ class Trainer:
             import shutil
 
             shutil.rmtree(self.checkpoint_dir)
+
+
+def _describe(scores: dict[str, float]) -> str:
+    names = {"stsb_dev": "STS-B dev", "domain_dev": "domain dev"}
+    return ", ".join(f"{names[k]} {v:.2f}" for k, v in scores.items())
 
 
 def train(

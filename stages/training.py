@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -94,14 +95,60 @@ def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Pat
     return read_texts(Path(choice))
 
 
+# Names of files still being written (an upload, a download): never read, whatever their bytes.
+UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")
+
+
 def read_texts(path: Path) -> list[str]:
-    """Domain sentences: a text file (one a line) or a folder of ``*.txt`` files; blank lines and repeats dropped."""
+    """Domain sentences: a text file (one a line) or a folder of them (every file below it but hidden ones);
+    blank lines and repeats dropped.
+
+    A file that is not UTF-8 text (NUL bytes: binary or UTF-16; undecodable bytes) or is unfinished (``.part``)
+    is skipped with one warning line naming it; the others are read. No usable text at all: one line, exit 2.
+    Long lines are kept: the tokenizer truncates them (``count_truncated`` counts them for the run's summary).
+    """
     path = Path(path)
-    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
-    if not files:
-        raise FileNotFoundError(f"no .txt files under {path}")
-    lines = (line.strip() for f in files for line in f.read_text(encoding="utf-8").splitlines())
-    return list(dict.fromkeys(line for line in lines if line))
+    if path.is_dir():
+        files = sorted(f for f in path.rglob("*") if f.is_file() and not _hidden(f.relative_to(path)))
+    else:
+        files = [path]
+    sentences: dict[str, None] = {}
+    for file in files:
+        text = _text_of(file)
+        if text is not None:
+            sentences.update(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
+    if not sentences:
+        fail(
+            f"{path}: no usable text (every file empty, skipped or not UTF-8 text; {len(files)} file(s) seen)"
+        )
+    return list(sentences)
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
+
+
+def _text_of(file: Path) -> str | None:
+    """The file's text, or None after one warning line saying why it is skipped."""
+    if file.name.lower().endswith(UNFINISHED_SUFFIXES):
+        log.warning("%s: skipped, an unfinished upload or download (%s)", file, file.suffix)
+        return None
+    data = file.read_bytes()
+    if b"\x00" in data:
+        log.warning("%s: skipped, not UTF-8 text (NUL bytes: binary, or UTF-16)", file)
+        return None
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        log.warning("%s: skipped, not UTF-8 text (byte %d: %s)", file, exc.start, exc.reason)
+        return None
+
+
+def count_truncated(texts: list[str], tokenizer: Any, max_length: int) -> int:
+    """How many sentences are longer than ``max_length`` tokens (special tokens included): the tokenizer cuts
+    them there, as every anchor does (SentenceTransformer's ``max_seq_length``, ConSERT's ``max_seq_length``)."""
+    lengths = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    return sum(len(ids) > max_length for ids in lengths)
 
 
 def limit_texts(texts: list[str], max_texts: int | str | None, seed: int) -> list[str]:
@@ -139,10 +186,11 @@ def stage_config(
     params: dict[str, Any],
     section: str,
     overrides: dict[str, Any] | None = None,
-    recipe: str | None = None,
+    recipe: str | Sequence[str] | None = None,
     stage_keys: tuple[str, ...] = (),
 ) -> TrainConfig:
-    """``train`` + the stage's section (+ its ``recipe`` subsection, e.g. ``transfer.nli``) + CLI overrides.
+    """``train`` + the stage's section (+ its ``recipe`` subsections in order, e.g. ``transfer.nli``, then
+    ``transfer.tsdae``) + CLI overrides.
 
     ``stage_keys`` are the section's own settings that the stage reads itself (``texts``, ``max_texts``, the
     recipe subsections); any other key that is not a training setting is an error naming it.
@@ -153,8 +201,8 @@ def stage_config(
         ("train", params.get("train") or {}),
         (section, own),
     ]
-    if recipe is not None:
-        sections.append((f"{section}.{recipe}", (params.get(section) or {}).get(recipe) or {}))
+    for name in [recipe] if isinstance(recipe, str) else recipe or ():
+        sections.append((f"{section}.{name}", (params.get(section) or {}).get(name) or {}))
     sections.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
     try:
         return TrainConfig.from_sections(sections)
@@ -171,7 +219,8 @@ def fail(message: str) -> NoReturn:
 def write_curves(rows: list[dict[str, Any]], path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["step", "loss", "lr", "stsb_dev"])
+        domain = any(row.get("domain_dev") is not None for row in rows)
+        writer = csv.DictWriter(f, fieldnames=["step", "loss", "lr", "stsb_dev"] + ["domain_dev"] * domain)
         writer.writeheader()
         for row in rows:
             writer.writerow({k: ("" if row.get(k) is None else row[k]) for k in writer.fieldnames})
@@ -205,8 +254,15 @@ def run_stage(
     inputs: list[Path],
     metrics_dir: Path = METRICS,
     checkpoints_dir: Path = CHECKPOINTS,
+    domain_dev: list[tuple[str, str, float]] | None = None,
+    max_task_drop: float | None = None,
+    summary: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train ``init`` on ``examples``, write ``output`` and the stage's records; return its final metrics."""
+    """Train ``init`` on ``examples``, write ``output`` and the stage's records; return its final metrics.
+
+    With ``domain_dev``, checkpoint selection uses it and STS-B dev may not fall more than ``max_task_drop``
+    below the init (``sentcl.train.selectable``). ``summary``: counts about the input (e.g. truncated lines)
+    that join the metrics."""
     offline_hub()
     init_distributed()
     rank, _ = dist_info()
@@ -214,12 +270,20 @@ def run_stage(
         preflight()  # an unreachable tracking server fails the stage now, not after the training
     log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
     encoder = Encoder.from_pretrained(init, max_length=config.max_length)
-    trainer = Trainer(encoder, config, examples, dev_pairs, Path(checkpoints_dir) / stage)
+    trainer = Trainer(
+        encoder,
+        config,
+        examples,
+        dev_pairs,
+        Path(checkpoints_dir) / stage,
+        domain_dev=domain_dev,
+        max_task_drop=max_task_drop,
+    )
     result = trainer.fit()
     # Relative inside the repository: the metrics file is tracked in git and must not name one machine's paths.
     label = Path(init).resolve()
     label = str(label.relative_to(ROOT)) if label.is_relative_to(ROOT) else init
-    metrics = {**result.metrics(), "init": label, "examples": len(examples)}
+    metrics = {**result.metrics(), "init": label, "examples": len(examples), **(summary or {})}
     if rank == 0:
         tmp = output.with_name(output.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
@@ -245,6 +309,14 @@ def run_stage(
             result.steps,
             result.seconds,
         )
+        if result.domain_init is not None:
+            log.info(
+                "%s: selected on the domain dev set: %.2f at step 0, %.2f selected (STS-B guard: -%s)",
+                stage,
+                result.domain_init,
+                result.domain_best,
+                max_task_drop,
+            )
         numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
         log_stage(
             stage,

@@ -1,24 +1,39 @@
-"""Stage ``transfer``: unsupervised contrastive training on target-domain text -> models/transfer-<init>.
+"""Stage ``transfer``: unsupervised training on target-domain text -> models/transfer-<init>.
 
 ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach``): ``base`` (unsup),
 ``nli`` (sup-unsup) and ``joint`` (joint-unsup). A retraining flow runs it on any model folder and text::
 
     python -m stages.transfer --init base|nli|joint|PATH --texts FILE_OR_FOLDER --output DIR [--max-texts N]
+                              [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences
 without any STS-B dev sentence), ``consert`` (ConSERT's corpus), ``inductive`` (no dev or test sentence), or a
 ``*.txt`` file (one sentence a line) or a folder of them. Each init has its own recipe (``transfer.base``,
 ``transfer.nli``, ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three
 scripts differ); a model folder uses ``--recipe`` (default ``base``).
+
+``--objective`` (default ``transfer.objective``): ``contrastive`` trains on two views of each sentence;
+``tsdae`` (denoising auto-encoder, ``sentcl.objectives.TSDAE``) adds the ``transfer.tsdae`` recipe over the
+init's. TSDAE then contrastive is two runs, the second with ``--init`` the first's output.
+
+``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
+set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_task_drop`` below the init.
+Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
+(``texts_truncated`` in the stage's metrics).
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import Any
 
-from stages.common import RAW, load_params
+from sentcl.train import TRANSFER_OBJECTIVES, TrainConfig
+from stages.common import RAW, load_params, offline_hub
 from stages.training import (
     INIT_NAMES,
+    count_truncated,
+    fail,
     limit_texts,
     load_nli,
     load_pairs,
@@ -31,7 +46,27 @@ from stages.training import (
     transfer_texts,
 )
 
-STAGE_KEYS = ("texts", "max_texts", *INIT_NAMES)
+STAGE_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae")
+log = logging.getLogger("stages.transfer")
+
+
+def transfer_config(params: dict[str, Any], recipe: str | None, overrides: dict[str, Any]) -> TrainConfig:
+    """``train`` + ``transfer`` + ``transfer.<recipe>`` (+ ``transfer.tsdae`` for that objective) + overrides."""
+    objective = overrides.get("objective") or (params.get("transfer") or {}).get("objective")
+    recipes = ([recipe] if recipe else []) + (["tsdae"] if objective == "tsdae" else [])
+    return stage_config(params, "transfer", {"mode": "transfer", **overrides}, recipes, STAGE_KEYS)
+
+
+def read_domain_dev(path: str) -> list[tuple[str, str, float]]:
+    """The domain dev pairs, or one line naming the file (and line) and exit 2."""
+    from sentcl.domain import DomainTextError, read_scored_pairs
+
+    if not Path(path).is_file():
+        fail(f"--domain-dev {path}: no such file")
+    try:
+        return read_scored_pairs(path)
+    except DomainTextError as exc:
+        fail(f"--domain-dev {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -52,6 +87,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--max-texts", help="few-shot: 1, 10, 100, ... or all (default: params transfer.max_texts)"
     )
+    parser.add_argument("--objective", choices=TRANSFER_OBJECTIVES, help="default: params transfer.objective")
+    parser.add_argument(
+        "--domain-dev",
+        help="scored pairs sentence1<TAB>sentence2<TAB>score: select on them, STS-B dev as a guard",
+    )
     args = parser.parse_args(argv)
     setup_logging()
     params = load_params(Path(args.params) if args.params else None)
@@ -60,17 +100,21 @@ def main(argv: list[str] | None = None) -> None:
     stage = args.stage or (f"transfer-{args.init}" if args.init in INIT_NAMES else "transfer-custom")
     output = Path(args.output) if args.output else Path(args.models_dir) / stage
     recipe = args.recipe or (args.init if args.init in INIT_NAMES else "base")
-    config = stage_config(params, "transfer", {"mode": "transfer", "steps": args.steps}, recipe, STAGE_KEYS)
+    config = transfer_config(params, recipe, {"steps": args.steps, "objective": args.objective})
+    domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
     texts = transfer_texts(choice, pairs, load_nli(Path(args.processed)), Path(args.raw))
     max_texts = args.max_texts if args.max_texts is not None else section["max_texts"]
     texts = limit_texts(texts, max_texts, params["seed"])
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
+    inputs += [Path(args.domain_dev)] if args.domain_dev else []
+    init = resolve_init(args.init, Path(args.models_dir))
+    truncated = _truncated(texts, init, config.max_length)
     run_stage(
         stage,
         config,
-        resolve_init(args.init, Path(args.models_dir)),
+        init,
         texts,
         stsb_dev(pairs),
         output,
@@ -78,7 +122,30 @@ def main(argv: list[str] | None = None) -> None:
         inputs,
         Path(args.metrics_dir),
         Path(args.checkpoints_dir),
+        domain_dev=domain_dev,
+        max_task_drop=float(params["registry"]["max_task_drop"]) if domain_dev else None,
+        summary={"texts_truncated": truncated},
     )
+
+
+def _truncated(texts: list[str], init: str, max_length: int) -> int:
+    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens."""
+    from transformers import AutoTokenizer
+
+    from sentcl.encoder import resolve_model_path
+
+    offline_hub()
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
+    truncated = count_truncated(texts, tokenizer, max_length)
+    if truncated:
+        log.info(
+            "%d of %d sentences are longer than model.max_length %d tokens: truncated there, as the tokenizer "
+            "does everywhere",
+            truncated,
+            len(texts),
+            max_length,
+        )
+    return truncated
 
 
 if __name__ == "__main__":

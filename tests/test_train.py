@@ -173,13 +173,12 @@ def test_out_of_range_values_stop_with_one_line(overrides, message, capsys):
 
 def test_unknown_key_names_the_key_and_its_section(capsys):
     from stages.training import stage_config
+    from stages.transfer import STAGE_KEYS
 
     params = yaml.safe_load(open("params.yaml"))
     params["transfer"]["nli"]["viewz"] = ["none", "none"]
     with pytest.raises(SystemExit):
-        stage_config(
-            params, "transfer", {"mode": "transfer"}, "nli", ("texts", "max_texts", "base", "nli", "joint")
-        )
+        stage_config(params, "transfer", {"mode": "transfer"}, "nli", STAGE_KEYS)
     assert capsys.readouterr().err.strip() == "params.yaml: transfer.nli: unknown key 'viewz'"
     params = yaml.safe_load(open("params.yaml"))
     del params["train"]["patience"]

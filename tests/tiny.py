@@ -112,11 +112,15 @@ def write_tiny_processed(folder: Path | str, seed: int = 0) -> Path:
 
 def train_config(mode: str = "transfer", recipe: str | None = "base", **overrides):
     """A ``TrainConfig`` as the stage builds it from the project's params.yaml, with ``overrides`` on top (so a
-    test runs the real defaults, which live only in params.yaml). ``recipe`` picks ``transfer.<init>``."""
+    test runs the real defaults, which live only in params.yaml). ``recipe`` picks ``transfer.<init>``;
+    ``objective="tsdae"`` adds ``transfer.tsdae``."""
     from stages.common import load_params
     from stages.training import stage_config
 
-    section = {"transfer": "transfer", "nli": "pretrain_nli", "joint": "joint"}[mode]
-    keys = ("texts", "max_texts", "base", "nli", "joint") if mode == "transfer" else ()
     values = {"mode": mode, "device": "cpu", **overrides}
-    return stage_config(load_params(), section, values, recipe if mode == "transfer" else None, keys)
+    if mode == "transfer":  # objective tsdae adds transfer.tsdae, as the stage does
+        from stages.transfer import transfer_config
+
+        return transfer_config(load_params(), recipe, values)
+    section = {"nli": "pretrain_nli", "joint": "joint"}[mode]
+    return stage_config(load_params(), section, values)

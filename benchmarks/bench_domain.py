@@ -1,0 +1,224 @@
+"""Does a retrain pay on its domain? Held-out test Spearman and STS-B dev, before and after, per method.
+
+A domain is a triple: unlabeled text (what the retrain reads), scored dev pairs (what its checkpoint selection
+reads, ``--domain-dev``) and scored test pairs that no run ever sees. The default triple is SICK from
+data/processed/pairs.parquet: the SICK-R train sentences as text, the trial (dev) pairs as dev, the test pairs
+held out. Each method is the real transfer stage, run as a subprocess with tracking off in a scratch folder;
+nothing is registered. ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its output.
+
+    make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
+    python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|DIR
+
+TSV files: sentence1<TAB>sentence2<TAB>score, a header line allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sentcl.sts import STSEvaluator
+from stages.common import PROCESSED, ROOT, load_params, offline_hub
+from stages.training import fail, load_pairs, read_texts, stsb_dev
+
+METHODS = {
+    "contrastive": ("contrastive",),
+    "tsdae": ("tsdae",),
+    "tsdae+contrastive": ("tsdae", "contrastive"),
+}
+Pairs = list[tuple[str, str, float]]
+# The issue's bar for a retrain that pays: held-out test up by this much, STS-B dev down by no more than that.
+GOAL_TEST_GAIN, GOAL_STSB_DROP = 1.0, 0.5
+
+
+def sick_triple(pairs: pd.DataFrame) -> tuple[list[str], Pairs, Pairs]:
+    """SICK-R: the train pairs' unique sentences (sorted), the trial (dev) pairs, the test pairs."""
+    sick = pairs[pairs.task == "SICK-R"]
+
+    def scored(split: str) -> Pairs:
+        part = sick[sick.split == split]
+        return list(zip(part.sentence1, part.sentence2, part.score.astype(float), strict=True))
+
+    train = sick[sick.split == "train"]
+    return sorted(set(train.sentence1) | set(train.sentence2)), scored("dev"), scored("test")
+
+
+def write_tsv(pairs: Pairs, path: Path) -> Path:
+    path.write_text("".join(f"{a}\t{b}\t{score}\n" for a, b, score in pairs), encoding="utf-8")
+    return path
+
+
+def read_pairs(path: str, flag: str) -> Pairs:
+    from sentcl.domain import DomainTextError, read_scored_pairs
+
+    if not Path(path).is_file():
+        fail(f"{flag} {path}: no such file")
+    try:
+        return read_scored_pairs(path)
+    except DomainTextError as exc:
+        fail(f"{flag} {exc}")
+
+
+def score(model: str, sets: dict[str, Pairs], backend: str) -> dict[str, float]:
+    """Spearman x 100 of ``model`` on each set of pairs, every unique sentence encoded once (as evaluate does)."""
+    from sentcl.fast_encode import FastEncoder
+
+    unique = sorted({s for pairs in sets.values() for a, b, _ in pairs for s in (a, b)})
+    vectors = FastEncoder(model, pooling="last-avg", backend=backend)(unique)
+    index = {s: i for i, s in enumerate(unique)}
+
+    def encode(sentences: Sequence[str]) -> np.ndarray:
+        return vectors[[index[s] for s in sentences]]
+
+    return {name: round(STSEvaluator(pairs, name)(encode), 2) for name, pairs in sets.items()}
+
+
+def transfer(
+    init: str, objective: str, name: str, args: argparse.Namespace, text: str, dev: Path, work: Path
+) -> tuple[Path, dict[str, Any], float]:
+    """One run of the transfer stage with ``--domain-dev``; returns its model folder, metrics and wall time."""
+    output = work / name
+    cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", args.recipe]
+    cmd += ["--texts", text, "--domain-dev", str(dev), "--objective", objective, "--output", str(output)]
+    cmd += ["--stage", name, "--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "ckpt")]
+    cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
+    cmd += ["--steps", str(args.steps)] if args.steps else []
+    cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
+    env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    print(f"bench-domain: {name}: {objective} from {init}", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env)
+    if done.returncode:
+        raise SystemExit(f"bench-domain: the {name} run failed (exit {done.returncode}); its log is above")
+    metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
+    return output, metrics, time.perf_counter() - start
+
+
+def table(before: dict[str, float], results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one column per method, each score with its change from the starting model."""
+    names = list(results)
+    lines = ["| | before | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
+    for key, label in (
+        ("test", "held-out test Spearman"),
+        ("stsb_dev", "STS-B dev"),
+        ("domain_dev", "domain dev (selection)"),
+    ):
+        cells = [f"{r['after'][key]:.2f} ({r['after'][key] - before[key]:+.2f})" for r in results.values()]
+        lines.append(f"| {label} | {before[key]:.2f} | " + " | ".join(cells) + " |")
+    steps = [
+        "; ".join(f"{run['objective']} {run['best_step']}/{run['steps']}" for run in r["runs"])
+        for r in results.values()
+    ]
+    lines.append("| selected step / steps run | | " + " | ".join(steps) + " |")
+    lines.append("| train wall s | | " + " | ".join(f"{r['wall_s']:.0f}" for r in results.values()) + " |")
+    goal = [
+        "yes"
+        if r["after"]["test"] - before["test"] >= GOAL_TEST_GAIN
+        and r["after"]["stsb_dev"] - before["stsb_dev"] >= -GOAL_STSB_DROP
+        else "no"
+        for r in results.values()
+    ]
+    lines.append(
+        f"| test +{GOAL_TEST_GAIN}, STS-B dev -{GOAL_STSB_DROP} at most | | " + " | ".join(goal) + " |"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--text", help="unlabeled domain text: file or folder (default: SICK train sentences)"
+    )
+    parser.add_argument("--dev", help="scored dev pairs, TSV (default: SICK trial pairs)")
+    parser.add_argument("--test", help="scored held-out test pairs, TSV (default: SICK test pairs)")
+    parser.add_argument("--method", nargs="+", choices=list(METHODS), default=["contrastive"])
+    parser.add_argument(
+        "--from", dest="init", default="base", help="base (params model.name) or a model folder"
+    )
+    parser.add_argument("--recipe", default="base", help="transfer.<recipe> of params.yaml (default: base)")
+    parser.add_argument("--steps", type=int, help="override transfer steps (each run of a method)")
+    parser.add_argument("--max-texts", help="use a seeded sample of this many sentences")
+    parser.add_argument("--params", help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--processed", default=str(PROCESSED), help="folder with pairs.parquet (STS-B dev, SICK)"
+    )
+    parser.add_argument(
+        "--backend", help="encoder for scoring: onnx | torch (default: params evaluate.backend)"
+    )
+    parser.add_argument("--work", help="scratch folder (default: a temporary one, removed at the end)")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    offline_hub()
+    params = load_params(Path(args.params) if args.params else None)
+    init = params["model"]["name"] if args.init == "base" else args.init
+    backend = args.backend or params["evaluate"]["backend"]
+    if not (Path(args.processed) / "pairs.parquet").is_file():
+        fail(f"{args.processed}/pairs.parquet: missing; run `dvc repro validate` first")
+    pairs = load_pairs(Path(args.processed))
+
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-domain-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        sick_text, sick_dev, sick_test = (
+            sick_triple(pairs) if not (args.text and args.dev and args.test) else ([], [], [])
+        )
+        text_path = args.text or str(write_text(sick_text, work / "text.txt"))
+        texts = read_texts(Path(text_path))
+        dev = read_pairs(args.dev, "--dev") if args.dev else sick_dev
+        test = read_pairs(args.test, "--test") if args.test else sick_test
+        dev_path = Path(args.dev) if args.dev else write_tsv(dev, work / "dev.tsv")
+        test_sentences = {s for a, b, _ in test for s in (a, b)}
+        shared = len(test_sentences & set(texts))
+        print(
+            f"bench-domain: text {len(texts):,} sentences, dev {len(dev):,} pairs, test {len(test):,} pairs "
+            f"held out; {shared:,} of {len(test_sentences):,} test sentences also occur in the text"
+            + (" (transductive, as ConSERT)" if shared else ""),
+            flush=True,
+        )
+        sets = {"test": test, "stsb_dev": stsb_dev(pairs), "domain_dev": dev}
+        before = score(init, sets, backend)
+        results: dict[str, dict[str, Any]] = {}
+        for method in args.method:
+            model, runs, wall = init, [], 0.0
+            for i, objective in enumerate(METHODS[method]):
+                name = f"{method.replace('+', '-')}-{i}"
+                output, metrics, seconds = transfer(model, objective, name, args, text_path, dev_path, work)
+                model, wall = str(output), wall + seconds
+                runs.append({"objective": objective, **metrics})
+            results[method] = {"after": score(model, sets, backend), "runs": runs, "wall_s": round(wall, 1)}
+    finally:
+        if not args.work:
+            shutil.rmtree(work, ignore_errors=True)
+
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"\nbench-domain from {args.init} ({init}); load average {load}\n")
+    print(table(before, results))
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"from": init, "before": before, "methods": results, "load_average": load}, indent=2)
+            + "\n"
+        )
+    return 0
+
+
+def write_text(sentences: list[str], path: Path) -> Path:
+    path.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
+    return path
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
