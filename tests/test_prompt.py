@@ -284,7 +284,7 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
     import onnxruntime as ort
 
     from sentcl.fast_encode import model_max_length
-    from stages.embed import embed_file
+    from stages.embed import embed
     from stages.export import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
@@ -311,9 +311,7 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
     served.load_context(Context())
     np.testing.assert_allclose(served.predict(None, sentences), expected, atol=1e-5)
 
-    lines = tmp_path / "lines.txt"
-    lines.write_text("\n".join(sentences) + "\n")
-    embed_file(lines, tmp_path / "vectors.npy", saved, batch_size=2)
+    embed(sentences, tmp_path / "vectors.npy", saved, max_batch=2, progress=False)
     np.testing.assert_allclose(np.load(tmp_path / "vectors.npy"), expected, atol=1e-5)
 
     report = export_onnx(saved, model_max_length(saved))

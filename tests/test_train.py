@@ -13,9 +13,9 @@ import yaml
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer
 from stages.training import nli_triplets, stage_config
+from stages.transfer import STAGE_KEYS
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
-TRANSFER_KEYS = ("texts", "max_texts", "base", "nli", "joint")
 TEXTS = tiny_sentences(64, seed=1)
 DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 5)) for i in range(0, 40, 2)]
 NLI = [(TEXTS[i], TEXTS[(i * 7 + 3) % 64], i % 3) for i in range(48)]
@@ -315,7 +315,7 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
     cells = [
         sweep_params(params, {"views": [v, "none"], "max_texts": 2000}, 30) for v in ("shuffle", "dropout")
     ]
-    configs = [stage_config(p, "transfer", {"mode": "transfer"}, "base", TRANSFER_KEYS) for p in cells]
+    configs = [stage_config(p, "transfer", {"mode": "transfer"}, "base", STAGE_KEYS) for p in cells]
     assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
     assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
     assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000
