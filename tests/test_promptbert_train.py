@@ -156,6 +156,31 @@ def test_promptbert_on_nli_trains_prompt_berts_supervised_loss(still_model):
     assert encoder.prompt == PromptSettings(UNSUP_EVAL.template, denoise=True, add_period=True)
 
 
+def test_promptbert_with_gradient_caching_gives_the_gradient_of_one_large_batch(still_model):
+    """grad_accum replays each micro-batch's templates and deltas: the gradient equals one batch's (negatives and
+    the delta's pass included). Gradients, not weights after a step: Adam's first step is lr * sign(g), which
+    turns float noise in the near-zero gradients of rarely used position rows into lr-sized differences."""
+
+    def gradients(grad_accum: int) -> dict[str, torch.Tensor]:
+        encoder = Encoder.from_pretrained(str(still_model))
+        config = train_config(preset="promptbert", grad_accum=grad_accum, batch_size=8, steps=2, bf16=False)
+        trainer = Trainer(encoder, config, TEXTS, DEV, progress=False)
+        trainer._set_dropout()
+        items = trainer._rank_items(trainer.order.indices(0))
+        if grad_accum == 1:
+            trainer.loss(trainer.representations(items)).backward()
+        else:
+            trainer._cached_gradient_step([items[i::grad_accum] for i in range(grad_accum)], 1)
+        named = [*encoder.model.named_parameters(), *trainer.objective.named_parameters(prefix="head")]
+        return {name: p.grad.clone() for name, p in named if p.grad is not None}
+
+    whole, cached = gradients(1), gradients(4)
+    assert set(whole) == set(cached) and "head.projection.dense.weight" in whole
+    for key, value in whole.items():
+        torch.testing.assert_close(cached[key], value, atol=1e-6, rtol=1e-4, msg=key)
+    assert float(whole["embeddings.position_embeddings.weight"].abs().sum()) > 0
+
+
 def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_model, tmp_path, monkeypatch):
     """Two steps of `stages.transfer --preset promptbert`: STS-B dev during training and the saved folder both use
     the prompt pooling, and `stages.evaluate` scores the folder with it (not last-avg)."""
