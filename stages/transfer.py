@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
     init = resolve_init(args.init, Path(args.models_dir))
-    truncated = _truncated(texts, init, config.max_length)
+    truncated = _truncated(texts, init, config)
     run_stage(
         stage,
         config,
@@ -134,22 +134,32 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def _truncated(texts: list[str], init: str, max_length: int) -> int:
-    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens."""
+def _truncated(texts: list[str], init: str, config: TrainConfig) -> int:
+    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens; inside PromptBERT's
+    longest template, the room the template leaves (the sentence is cut, never the template)."""
     from transformers import AutoTokenizer
 
     from sentcl.encoder import resolve_model_path
 
     offline_hub()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
+    max_length = config.max_length
+    if config.objective == "promptbert":
+        from sentcl.prompt import template_ids
+
+        # count_truncated counts [CLS] and [SEP]; the template holds them, and the sentence gets the rest.
+        template = max(template_ids(tokenizer, t).length for t in config.prompt.templates)
+        max_length = config.max_length - template + 2
     truncated = count_truncated(texts, tokenizer, max_length)
     if truncated:
         log.info(
-            "%d of %d sentences are longer than model.max_length %d tokens: truncated there, as the tokenizer "
-            "does everywhere",
+            "%d of %d sentences are longer than %d tokens (model.max_length %d%s): truncated there, as the "
+            "tokenizer does everywhere",
             truncated,
             len(texts),
             max_length,
+            config.max_length,
+            ", less the prompt template" if config.objective == "promptbert" else "",
         )
     return truncated
 

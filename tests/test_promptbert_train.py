@@ -193,7 +193,10 @@ def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_m
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
     processed = write_tiny_processed(tmp_path / "processed")
     out, metrics = tmp_path / "promptbert", tmp_path / "metrics"
-    argv = ["--init", str(still_model), "--preset", "promptbert", "--steps", "2", "--max-texts", "32"]
+    # 50 words: inside max_length 64 alone, not inside the ~24-token template (texts_truncated counts the room left).
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join([*tiny_sentences(31, seed=5), " ".join(["dog"] * 50)]) + "\n")
+    argv = ["--init", str(still_model), "--preset", "promptbert", "--steps", "2", "--texts", str(texts)]
     argv += ["--processed", str(processed), "--output", str(out), "--metrics-dir", str(metrics)]
     transfer.main([*argv, "--checkpoints-dir", str(tmp_path / "checkpoints")])
 
@@ -211,8 +214,11 @@ def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_m
     init_mean = dev_score(still_model, pooling="last-avg")
     assert abs(init_prompt - init_mean) > 0.1  # the two poolings rank the dev pairs differently
     assert float(rows[0]["stsb_dev"]) == pytest.approx(init_prompt, abs=1e-6)  # the trainer's step-0 score
-    selected = json.loads((metrics / "train" / "transfer-custom.json").read_text())["stsb_dev_best"]
-    assert dev_score(out) == pytest.approx(selected, abs=0.006)  # the folder, with its own pooling
+    record = json.loads((metrics / "train" / "transfer-custom.json").read_text())
+    assert dev_score(out) == pytest.approx(
+        record["stsb_dev_best"], abs=0.006
+    )  # the folder, with its own pooling
+    assert record["texts_truncated"] == 1 and record["examples"] == 32
 
     data = tmp_path / "senteval"
     write_mini_senteval(data)
