@@ -367,6 +367,12 @@ class PromptBERTObjective(nn.Module):
         self.poolers = [
             PromptPooler(tokenizer, PromptSettings(t, denoise=denoise), max_length) for t in templates
         ]
+        for pooler in self.poolers:  # say so before training, not at the first batch
+            if pooler.template.length >= max_length:
+                raise ValueError(
+                    f"max_length {max_length} leaves no room for a sentence in the {pooler.template.length}-token "
+                    f"template {pooler.template.template!r}"
+                )
 
     def _pool(self, embed, pooler: PromptPooler, sentences: Sequence[str]) -> torch.Tensor:
         batch = pooler.tokenize(sentences)

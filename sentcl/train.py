@@ -435,7 +435,7 @@ class Trainer:
     """Trains ``encoder`` in place on ``examples`` and leaves it holding the best checkpoint's weights.
 
     ``examples``: sentences (transfer); (premise, hypothesis, label) with label in 0..2 (nli/ce, joint);
-    (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse).
+    (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse, nli/promptbert).
     ``dev_pairs``: (sentence1, sentence2, score) of STS-B dev, scored with the pooling the model is saved with
     (``TrainConfig.saved_pooling``: last-avg, or PromptBERT's ``prompt.saved``).
     ``checkpoint_dir``: resume state; reused when it holds a run of the same config and data, removed at the end.

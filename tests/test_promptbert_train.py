@@ -250,3 +250,10 @@ def test_promptbert_settings_fail_in_one_line_naming_the_key(overrides, message,
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1, err
+
+
+def test_a_max_length_without_room_for_the_sentence_stops_before_training(still_model):
+    encoder = Encoder.from_pretrained(str(still_model))
+    config = train_config(preset="promptbert", max_length=12, bf16=False)  # the templates are ~24 tiny tokens
+    with pytest.raises(ValueError, match="max_length 12 leaves no room for a sentence"):
+        Trainer(encoder, config, TEXTS, DEV, progress=False)
