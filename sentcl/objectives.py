@@ -13,6 +13,9 @@ objective          examples                     loss
 ``Joint``          (premise, hypothesis, label) CE on views[0] + alpha * (C(premises) + C(hypotheses))
 ``TSDAE``          sentences                    a decoder's CE rebuilding each sentence from the vector of a
                                                 damaged copy (sentence-transformers' DenoisingAutoEncoderLoss)
+``PromptBERT``     sentences (transfer) or      InfoNCE between a sentence's two templates, each denoised,
+                   triplets (nli)               after the MLP head; supervised SimCSE under one template
+                                                (``sentcl.prompt.PromptBERTObjective``)
 =================  ===========================  =====================================================
 """
 
@@ -28,6 +31,7 @@ from torch import nn
 
 from sentcl.encoder import Encoder
 from sentcl.losses import MLPProjection, NLIHead, info_nce, nli_loss, nt_xent, sup_simcse
+from sentcl.prompt import PromptBERTObjective
 from sentcl.views import ViewConfig, embedding_output_hook, make_view, position_offset
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,8 @@ class Embedder:
         self.position_start = position_offset(encoder.model)
 
     def tokenize(self, sentences: Sequence[str]) -> dict[str, torch.Tensor]:
-        return self.encoder.tokenize(sentences).to(self.device)
+        # last-avg whatever the encoder is saved with: a prompt pooling's tokenization is PromptBERTObjective's
+        return self.encoder.tokenize(sentences, pooling="last-avg").to(self.device)
 
     def __call__(
         self,
@@ -353,7 +358,9 @@ class MomentumQueue:
 
 def build_objective(config: Any, dim: int, encoder: Encoder | None = None) -> Objective:
     """The objective of a ``TrainConfig``: the one place that reads ``mode`` and ``objective``. TSDAE builds its
-    decoder from (and ties it to) ``encoder``."""
+    decoder from (and ties it to) ``encoder``; PromptBERT tokenizes with its tokenizer."""
+    if config.objective == "promptbert":
+        return _promptbert(config, dim, encoder)
     if config.mode == "transfer" and config.objective == "tsdae":
         if encoder is None:
             raise ValueError("the tsdae objective needs the encoder to build its decoder from")
@@ -372,3 +379,22 @@ def build_objective(config: Any, dim: int, encoder: Encoder | None = None) -> Ob
     if config.objective == "sup_simcse":
         return SupSimCSE(config.temperature)
     return NLIClassifier(dim, config.max_square)
+
+
+def _promptbert(config: Any, dim: int, encoder: Encoder | None) -> PromptBERTObjective:
+    """kongds/Prompt-BERT prompt_bert/models.py ``cl_forward``: transfer mode is run.sh unsup-bert (two templates,
+    each denoised by its own delta, MLP head, InfoNCE); nli mode is sup-bert (anchor, entailment and contradiction
+    under the one template, each denoised, supervised SimCSE; sup-bert has no MLPLayer, ``projection`` is unused)."""
+    if encoder is None:
+        raise ValueError("the promptbert objective needs the encoder's tokenizer")
+    sentences = config.mode == "transfer"
+    return PromptBERTObjective(
+        encoder.tokenizer,
+        config.prompt.templates,
+        config.temperature,
+        config.prompt.denoise,
+        config.max_length,
+        examples="sentences" if sentences else "triplets",
+        projection=MLPProjection(dim) if config.projection and sentences else None,
+        contrastive=CONTRASTIVE_LOSSES[config.loss],
+    )

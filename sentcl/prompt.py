@@ -20,7 +20,7 @@ with gradient (through both the sentence's pass and the delta's, as the authors'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -37,6 +37,38 @@ PAPER_TEMPLATE = 'This sentence : "[X]" means [MASK] .'
 PAPER_TRAIN_TEMPLATES = ('This sentence of "[X]" means [MASK] .', 'This sentence : "[X]" means [MASK] .')
 # Model types whose default position ids start after the padding index (RoBERTa's numbering).
 _PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "longformer")
+
+
+@dataclass
+class PromptTraining:
+    """PromptBERT's training settings (params.yaml ``train.prompt``; a stage's ``prompt:`` merges key by key), read
+    when ``objective`` is ``promptbert``:
+
+    - ``templates``: two for unsupervised training (the two views of a sentence), one for supervised NLI (anchor,
+      positive and hard negative all under it);
+    - ``denoise``: subtract each template's own delta in training (run.sh ``--mask_embedding_sentence_delta``);
+    - ``saved``: the pooling the trained folder is saved with (``sentcl_pooling.json``) and STS-B dev is scored
+      with during training, so the checkpoint is selected with the pooling it ships with.
+    """
+
+    templates: tuple[str, ...]
+    denoise: bool
+    saved: PromptSettings
+
+    def __post_init__(self) -> None:
+        if isinstance(self.templates, str) or not isinstance(self.templates, Sequence):
+            raise ValueError(f"prompt.templates: a list of templates, got {self.templates!r}")
+        self.templates = tuple(self.templates)
+        for template in self.templates:
+            try:
+                check_template(template)
+            except ValueError as exc:
+                raise ValueError(f"prompt.templates: {exc}") from None
+        if isinstance(self.saved, dict):
+            try:
+                self.saved = PromptSettings(**self.saved)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(f"prompt.saved: {exc}") from None
 
 
 class NoMaskTokenError(ValueError):
@@ -305,6 +337,9 @@ class PromptBERTObjective(nn.Module):
       denoised, supervised SimCSE (models.py ``cl_forward`` with ``num_sent == 3``, hard_negative_weight 0).
       The authors' sup-bert also trains BERT's MLM transform over the [MASK] state (``org_mlp``): not here.
 
+    ``contrastive``: the unsupervised loss (``sentcl.losses.info_nce``, the paper's; the trainer passes its
+    ``loss`` setting). Triplets always use supervised SimCSE, as ``sentcl.objectives.SupSimCSE``.
+
     The encoder runs in whatever train/eval mode the trainer set (dropout), under the Embedder's autocast.
     """
 
@@ -319,6 +354,7 @@ class PromptBERTObjective(nn.Module):
         max_length: int,
         examples: str = "sentences",
         projection: nn.Module | None = None,
+        contrastive: Callable[..., torch.Tensor] = info_nce,
     ) -> None:
         super().__init__()
         if examples not in ("sentences", "triplets"):
@@ -327,9 +363,16 @@ class PromptBERTObjective(nn.Module):
         if len(templates) != wanted:
             raise ValueError(f"PromptBERT on {examples} needs {wanted} template(s), got {len(templates)}")
         self.examples, self.temperature, self.projection = examples, temperature, projection
+        self.contrastive = contrastive
         self.poolers = [
             PromptPooler(tokenizer, PromptSettings(t, denoise=denoise), max_length) for t in templates
         ]
+        for pooler in self.poolers:  # say so before training, not at the first batch
+            if pooler.template.length >= max_length:
+                raise ValueError(
+                    f"max_length {max_length} leaves no room for a sentence in the {pooler.template.length}-token "
+                    f"template {pooler.template.template!r}"
+                )
 
     def _pool(self, embed, pooler: PromptPooler, sentences: Sequence[str]) -> torch.Tensor:
         batch = pooler.tokenize(sentences)
@@ -356,5 +399,7 @@ class PromptBERTObjective(nn.Module):
 
     def loss(self, reps: dict[str, torch.Tensor], negatives: torch.Tensor | None = None) -> torch.Tensor:
         if self.examples == "sentences":
-            return info_nce(self.project(reps["z1"]), self.project(reps["z2"]), self.temperature, negatives)
+            return self.contrastive(
+                self.project(reps["z1"]), self.project(reps["z2"]), self.temperature, negatives
+            )
         return sup_simcse(reps["anchor"], reps["positive"], reps["negative"], self.temperature)

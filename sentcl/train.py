@@ -36,16 +36,20 @@ import torch
 from tqdm.auto import tqdm
 
 from sentcl.encoder import Encoder
+from sentcl.model_pooling import ModelPooling
 from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
 from sentcl.precision import BF16_SETTINGS, use_bf16
+from sentcl.prompt import PromptSettings, PromptTraining
 from sentcl.sts import STSEvaluator
 from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
 
 log = logging.getLogger(__name__)
 
 MODES = ("nli", "joint", "transfer")
-OBJECTIVES = ("ce", "sup_simcse")
-TRANSFER_OBJECTIVES = ("contrastive", "tsdae")
+OBJECTIVES = ("ce", "sup_simcse", "promptbert")
+TRANSFER_OBJECTIVES = ("contrastive", "tsdae", "promptbert")
+# Objectives that read (premise, entailment hypothesis, contradiction hypothesis) in nli mode.
+TRIPLET_OBJECTIVES = ("sup_simcse", "promptbert")
 # A preset is a published recipe's loss, views, temperature and dropout; it overrides those keys of its section.
 PRESETS: dict[str, dict[str, Any]] = {
     # princeton-nlp/SimCSE run_unsup_example.sh: dropout as the only view, one-way InfoNCE, temperature 0.05.
@@ -66,7 +70,23 @@ PRESETS: dict[str, dict[str, Any]] = {
         "queue_size": 160,
         "momentum": 0.995,
     },
+    # kongds/Prompt-BERT run.sh unsup-bert (transfer mode only): the two views of a sentence are the sentence
+    # under the two templates of ``prompt.templates``, each denoised by its own delta (``prompt.denoise``;
+    # --mask_embedding_sentence_delta), the training-only MLP head (--mlp_only_train), InfoNCE at --temp 0.05,
+    # BERT's dropout on (HF Trainer's train mode). The folder is saved with ``prompt.saved`` pooling.
+    "promptbert": {
+        "objective": "promptbert",
+        "loss": "info_nce",
+        "views": ("none", "none"),
+        "temperature": 0.05,
+        "encoder_dropout": True,
+        "alpha": 1.0,
+        "projection": True,
+        "queue_size": 0,
+    },
 }
+# Presets that only make sense in some modes (their objective reads sentences).
+PRESET_MODES = {"promptbert": ("transfer",)}
 
 
 class ConfigError(ValueError):
@@ -78,7 +98,7 @@ class TrainConfig:
     """Every training setting; params.yaml (``train:`` + a stage's section) is the only home of their values."""
 
     mode: str  # nli | joint | transfer
-    objective: str  # nli mode: ce (SBERT classifier) | sup_simcse; transfer mode: contrastive | tsdae
+    objective: str  # nli: ce (SBERT classifier) | sup_simcse | promptbert; transfer: contrastive | tsdae | promptbert
     loss: str  # the contrastive term: nt_xent (ConSERT, both directions) | info_nce (SimCSE, one way)
     steps: int  # optimizer steps at most
     batch_size: int  # sentences (transfer) or pairs (nli, joint) per step, over all ranks
@@ -92,10 +112,11 @@ class TrainConfig:
     alpha: float  # weight of the contrastive term (ConSERT's --cl_rate)
     views: tuple[str, str]
     view: ViewConfig
+    prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
     projection: bool  # SimCSE's training-only MLP over the sentence vector
-    preset: str | None  # simcse | esimcse: see PRESETS
+    preset: str | None  # simcse | esimcse | promptbert: see PRESETS
     queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
     momentum: float
     deletion_ratio: float  # TSDAE: share of whitespace tokens deleted from the encoder's input
@@ -112,13 +133,32 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
             self.view = _build(ViewConfig, self.view, "view")
+        if isinstance(self.prompt, dict):
+            self.prompt = _build(PromptTraining, self.prompt, "prompt")
         self.views = tuple(self.views)
         if self.preset is not None:
             if self.preset not in PRESETS:
                 raise ConfigError(f"preset: unknown {self.preset!r}; choose from {', '.join(PRESETS)}")
+            modes = PRESET_MODES.get(self.preset, MODES)
+            if self.mode not in modes:
+                raise ConfigError(
+                    f"preset: {self.preset!r} runs in {', '.join(modes)} mode, not {self.mode}"
+                    + (" (supervised NLI: objective promptbert)" if self.preset == "promptbert" else "")
+                )
+            if self.preset == "promptbert" and self.objective == "tsdae":
+                raise ConfigError(
+                    "preset: 'promptbert' is its own objective; objective tsdae conflicts with it"
+                )
             for key, value in PRESETS[self.preset].items():
                 setattr(self, key, value)
         self._check()
+
+    def saved_pooling(self) -> ModelPooling:
+        """The pooling the trained folder is saved with, and STS-B dev is scored with during training: the
+        prompt of ``prompt.saved`` for objective promptbert, else last-avg (the training pooling)."""
+        if self.objective == "promptbert":
+            return ModelPooling("prompt", self.prompt.saved)
+        return ModelPooling("last-avg")
 
     def _check(self) -> None:
         def need(ok: bool, key: str, rule: str) -> None:
@@ -142,7 +182,7 @@ class TrainConfig:
                 "adversarial needs labels: joint mode only, as the second view",
             )
         need(self.steps >= 1, "steps", "at least 1")
-        contrastive = self.mode == "joint" or self.objective in ("contrastive", "sup_simcse")
+        contrastive = self.mode == "joint" or self.objective in ("contrastive", "sup_simcse", "promptbert")
         need(self.batch_size >= (2 if contrastive else 1), "batch_size", "at least 2 (in-batch negatives)")
         need(self.grad_accum >= 1, "grad_accum", "at least 1")
         need(
@@ -167,29 +207,68 @@ class TrainConfig:
         need(self.min_delta >= 0, "min_delta", "not negative")
         need(self.save_steps >= 0, "save_steps", "not negative")
         need(str(self.bf16).lower() in BF16_SETTINGS, "bf16", f"one of {', '.join(BF16_SETTINGS)}")
+        if self.objective == "promptbert":
+            need(self.mode != "joint", "objective", "not promptbert in joint mode (nli or transfer)")
+            wanted = 2 if self.mode == "transfer" else 1
+            if len(self.prompt.templates) != wanted:
+                kind = "two views of a sentence" if wanted == 2 else "anchor, positive and hard negative"
+                raise ConfigError(
+                    f"prompt.templates: {wanted} with objective promptbert in {self.mode} mode ({kind}), "
+                    f"got {len(self.prompt.templates)}"
+                )
+            need(
+                self.views == ("none", "none"),
+                "views",
+                "none, none with objective promptbert (its views are templates)",
+            )
+            need(not self.queue_size, "queue_size", "0 with objective promptbert (the queue pools last-avg)")
 
     @classmethod
     def from_sections(cls, sections: Sequence[tuple[str, dict[str, Any]]]) -> TrainConfig:
-        """Merge params.yaml sections in order (later wins; ``view`` merges key by key). A key that is not a
-        setting is an error naming the key and its section; so is a setting that no section gives."""
-        names = {f.name for f in fields(cls)}
-        view_names = {f.name for f in fields(ViewConfig)}
-        values: dict[str, Any] = {"view": {}}
+        """Merge params.yaml sections in order (later wins; ``view`` and ``prompt`` merge key by key). A key that
+        is not a setting is an error naming the key and its section; so is a setting that no section gives."""
+        values: dict[str, Any] = {}
         for section, items in sections:
-            for key, value in items.items():
-                if key not in names:
-                    raise ConfigError(f"{section}: unknown key {key!r}")
-                if key == "view":
-                    unknown = set(value or {}) - view_names
-                    if unknown:
-                        raise ConfigError(f"{section}.view: unknown key {sorted(unknown)[0]!r}")
-                    values["view"].update(value or {})
-                else:
-                    values[key] = value
-        missing = sorted(names - set(values)) + sorted(f"view.{k}" for k in view_names - set(values["view"]))
+            _merge(values, items, cls, section)
+        missing = _missing(values, cls)
         if missing:
             raise ConfigError(f"{', '.join(s for s, _ in sections)}: no value for {missing[0]!r}")
         return cls(**values)
+
+
+# Settings that are mappings of their own settings: merged key by key across sections, checked key by key.
+_NESTED: dict[tuple[type, str], type] = {
+    (TrainConfig, "view"): ViewConfig,
+    (TrainConfig, "prompt"): PromptTraining,
+    (PromptTraining, "saved"): PromptSettings,
+}
+
+
+def _merge(into: dict[str, Any], items: dict[str, Any] | None, kind: type, where: str) -> None:
+    names = {f.name for f in fields(kind)}
+    for key, value in (items or {}).items():
+        if key not in names:
+            raise ConfigError(f"{where}: unknown key {key!r}")
+        nested = _NESTED.get((kind, key))
+        if nested is None:
+            into[key] = value
+            continue
+        if value is not None and not isinstance(value, dict):
+            raise ConfigError(f"{where}.{key}: a mapping of {', '.join(f.name for f in fields(nested))}")
+        _merge(into.setdefault(key, {}), value, nested, f"{where}.{key}")
+
+
+def _missing(values: dict[str, Any], kind: type, prefix: str = "") -> list[str]:
+    """Settings no section gave, in dotted form: top-level ones first, then the nested ones."""
+    names = [f.name for f in fields(kind)]
+    top = sorted(prefix + n for n in names if n not in values)
+    nested = [
+        m
+        for n in names
+        if (kind, n) in _NESTED
+        for m in _missing(values.get(n) or {}, _NESTED[(kind, n)], f"{prefix}{n}.")
+    ]
+    return top + sorted(nested)
 
 
 def _build(kind: type, values: dict[str, Any], section: str) -> Any:
@@ -356,8 +435,9 @@ class Trainer:
     """Trains ``encoder`` in place on ``examples`` and leaves it holding the best checkpoint's weights.
 
     ``examples``: sentences (transfer); (premise, hypothesis, label) with label in 0..2 (nli/ce, joint);
-    (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse).
-    ``dev_pairs``: (sentence1, sentence2, score) of STS-B dev, scored with last-avg pooling.
+    (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse, nli/promptbert).
+    ``dev_pairs``: (sentence1, sentence2, score) of STS-B dev, scored with the pooling the model is saved with
+    (``TrainConfig.saved_pooling``: last-avg, or PromptBERT's ``prompt.saved``).
     ``checkpoint_dir``: resume state; reused when it holds a run of the same config and data, removed at the end.
     ``domain_dev``: (sentence1, sentence2, score) of a retrain's domain: checkpoint selection then uses it, and
     STS-B dev becomes a guard that may not fall more than ``max_task_drop`` below the init (``selectable``).
@@ -391,7 +471,10 @@ class Trainer:
 
         self.encoder = encoder.to(self.device)
         self.encoder.max_length = config.max_length
-        self.encoder.pooling = "last-avg"
+        # What STS-B dev is scored with and the folder is saved with: the trained objective's pooling
+        # (PromptBERT: ``prompt.saved``), so the selected checkpoint is the one that scores best as shipped.
+        saved = config.saved_pooling()
+        self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
         self.objective: Objective = build_objective(config, encoder.dim, encoder).to(self.device)
         heads = [
             p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
@@ -544,7 +627,7 @@ class Trainer:
         if self.rank == 0:
 
             def encode(sentences: Sequence[str]) -> np.ndarray:
-                return self.encoder.encode(sentences, batch_size=128, pooling="last-avg")
+                return self.encoder.encode(sentences, batch_size=128)  # the pooling it is saved with
 
             scores = {"stsb_dev": self.evaluator(encode)}
             if self.domain_evaluator is not None:

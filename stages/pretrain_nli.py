@@ -1,9 +1,11 @@
-"""Stage ``pretrain_nli``: supervised training on NLI (SBERT's classifier CE, or supervised SimCSE) -> models/nli."""
+"""Stage ``pretrain_nli``: supervised training on NLI (SBERT's classifier CE, supervised SimCSE, or PromptBERT's
+supervised variant: objective promptbert) -> models/nli."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from sentcl.train import TRIPLET_OBJECTIVES
 from stages.common import load_params
 from stages.training import (
     load_nli,
@@ -33,7 +35,9 @@ def main(
     processed = Path(args.processed)
     nli = load_nli(processed)
     examples = (
-        nli_triplets(nli) if config.mode == "nli" and config.objective == "sup_simcse" else nli_pairs(nli)
+        nli_triplets(nli)
+        if config.mode == "nli" and config.objective in TRIPLET_OBJECTIVES
+        else nli_pairs(nli)
     )
     run_stage(
         stage,

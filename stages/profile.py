@@ -59,10 +59,15 @@ def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
 def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
     """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off)."""
     from stages import base, joint, pretrain_nli, transfer
+    from stages.training import TEXT_CHOICES
 
     params = merge(load_params(), yaml.safe_load(Path(profile).read_text()) or {})
     params["model"]["name"] = str(model)
     params["train"].update(eval_steps=1, device="cpu")
+    texts = params["transfer"]["texts"]
+    if texts not in TEXT_CHOICES and not Path(texts).exists():  # a GPU corpus (e.g. wiki1m) is not here
+        print(f"{profile}: transfer.texts {texts} is not here; the smoke run trains on heldout")
+        params["transfer"]["texts"] = "heldout"
     for section in ("pretrain_nli", "joint", "transfer"):
         params[section].update(steps=2, batch_size=min(8, params[section]["batch_size"]))
         for recipe in ("base", "nli", "joint"):

@@ -4,7 +4,7 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
 ``nli`` (sup-unsup) and ``joint`` (joint-unsup). A retraining flow runs it on any model folder and text::
 
     python -m stages.transfer --init base|nli|joint|PATH --texts FILE_OR_FOLDER --output DIR [--max-texts N]
-                              [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae]
+                              [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae] [--preset promptbert]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences
 without any STS-B dev sentence), ``consert`` (ConSERT's corpus), ``inductive`` (no dev or test sentence), or a
@@ -15,6 +15,10 @@ scripts differ); a model folder uses ``--recipe`` (default ``base``).
 ``--objective`` (default ``transfer.objective``): ``contrastive`` trains on two views of each sentence;
 ``tsdae`` (denoising auto-encoder, ``sentcl.objectives.TSDAE``) adds the ``transfer.tsdae`` recipe over the
 init's. TSDAE then contrastive is two runs, the second with ``--init`` the first's output.
+
+``--preset`` (default ``transfer.preset``): a published recipe over the init's (``sentcl.train.PRESETS``);
+``--preset promptbert`` is PromptBERT's unsupervised training (two templates, each denoised, InfoNCE at 0.05,
+params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
 set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_task_drop`` below the init.
@@ -28,7 +32,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sentcl.train import TRANSFER_OBJECTIVES, TrainConfig
+from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
 from stages.common import RAW, load_params, offline_hub
 from stages.training import (
     INIT_NAMES,
@@ -88,6 +92,7 @@ def main(argv: list[str] | None = None) -> None:
         "--max-texts", help="few-shot: 1, 10, 100, ... or all (default: params transfer.max_texts)"
     )
     parser.add_argument("--objective", choices=TRANSFER_OBJECTIVES, help="default: params transfer.objective")
+    parser.add_argument("--preset", choices=list(PRESETS), help="default: params transfer.preset")
     parser.add_argument(
         "--domain-dev",
         help="scored pairs sentence1<TAB>sentence2<TAB>score: select on them, STS-B dev as a guard",
@@ -100,7 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     stage = args.stage or (f"transfer-{args.init}" if args.init in INIT_NAMES else "transfer-custom")
     output = Path(args.output) if args.output else Path(args.models_dir) / stage
     recipe = args.recipe or (args.init if args.init in INIT_NAMES else "base")
-    config = transfer_config(params, recipe, {"steps": args.steps, "objective": args.objective})
+    overrides = {"steps": args.steps, "objective": args.objective, "preset": args.preset}
+    config = transfer_config(params, recipe, overrides)
     domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
@@ -110,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
     init = resolve_init(args.init, Path(args.models_dir))
-    truncated = _truncated(texts, init, config.max_length)
+    truncated = _truncated(texts, init, config)
     run_stage(
         stage,
         config,
@@ -128,22 +134,32 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def _truncated(texts: list[str], init: str, max_length: int) -> int:
-    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens."""
+def _truncated(texts: list[str], init: str, config: TrainConfig) -> int:
+    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens; inside PromptBERT's
+    longest template, the room the template leaves (the sentence is cut, never the template)."""
     from transformers import AutoTokenizer
 
     from sentcl.encoder import resolve_model_path
 
     offline_hub()
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
+    max_length = config.max_length
+    if config.objective == "promptbert":
+        from sentcl.prompt import template_ids
+
+        # count_truncated counts [CLS] and [SEP]; the template holds them, and the sentence gets the rest.
+        template = max(template_ids(tokenizer, t).length for t in config.prompt.templates)
+        max_length = config.max_length - template + 2
     truncated = count_truncated(texts, tokenizer, max_length)
     if truncated:
         log.info(
-            "%d of %d sentences are longer than model.max_length %d tokens: truncated there, as the tokenizer "
-            "does everywhere",
+            "%d of %d sentences are longer than %d tokens (model.max_length %d%s): truncated there, as the "
+            "tokenizer does everywhere",
             truncated,
             len(texts),
             max_length,
+            config.max_length,
+            ", less the prompt template" if config.objective == "promptbert" else "",
         )
     return truncated
 
