@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_DISABLE_TELEMETRY = 1
 
-.PHONY: setup run test test-all lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
+.PHONY: setup run register test test-all lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -31,6 +31,11 @@ $(STAMP): pyproject.toml requirements.lock
 
 run: setup
 	$(VENV)/bin/dvc repro
+
+# Register models/export again (e.g. after pointing MLFLOW_TRACKING_URI at another server): `make run` registers
+# only when dvc.yaml's register stage is stale or this clone has no receipt (metrics/registry.json) yet.
+register: setup
+	$(VENV)/bin/dvc repro --force --single-item register
 
 test: setup
 	$(PY) -m pytest -q

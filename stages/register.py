@@ -3,8 +3,9 @@
     python -m stages.register                      # DVC stage: models/export -> the registry, metrics/registry.json
 
 Kept apart from `export` because DVC may restore `export` from its run-cache without running it: a
-restored folder must not pretend it was registered. This stage is ``always_changed`` in dvc.yaml (never
-restored from the cache), and cheap to repeat: weights already registered (same sha256) are found, not
+restored folder must not pretend it was registered. Its output, ``metrics/registry.json``, is a receipt that
+git ignores and DVC never restores from its run-cache (``persist``): a fresh clone always registers, and a
+clone that did is clean in ``dvc status``. ``make register`` forces a run; it is cheap to repeat: weights already registered (same sha256) are found, not
 registered again, and the gate on them is idempotent. Inside ``dvc exp run`` / ``make exp`` it registers
 into ``registry.experiment_model_name``; ``SENTCL_REGISTER_PRODUCTION=1`` asks for the production model.
 """

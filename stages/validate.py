@@ -69,7 +69,15 @@ def load_tables(
     for df, columns in ((pairs_df, ("sentence1", "sentence2")), (nli_df, ("premise", "hypothesis"))):
         for column in columns:
             df[column] = df[column].str.strip()
+        # Relative to the raw folder: the parquet files are DVC outputs, and an absolute path would make them
+        # differ between two clones of the same data. Violation messages join it back onto `raw`.
+        df["source"] = df["source"].map(lambda source: _relative_to(source, raw))
     return pairs_df, nli_df, unscored
+
+
+def _relative_to(source: str, raw: Path) -> str:
+    path = Path(source)
+    return path.relative_to(raw).as_posix() if path.is_relative_to(raw) else source
 
 
 PAIR_COLUMNS = ("task", "subset", "split", "sentence1", "sentence2", "score", "source", "line")
@@ -138,7 +146,9 @@ def checks() -> list[Check]:
     ]
 
 
-def run_expectations(tables: dict[str, pd.DataFrame]) -> tuple[list[dict], list[Violation]]:
+def run_expectations(
+    tables: dict[str, pd.DataFrame], raw: Path
+) -> tuple[list[dict], list[Violation]]:
     """Validate each table with GX (ephemeral context, analytics off); return summaries and violations."""
     os.environ["GX_ANALYTICS_ENABLED"] = "False"
     import great_expectations as gx
@@ -171,7 +181,9 @@ def run_expectations(tables: dict[str, pd.DataFrame]) -> tuple[list[dict], list[
             row = df.loc[index]
             line = None if pd.isna(row["line"]) else int(row["line"])
             detail = describe(check, row)
-            violations.append(Violation(check.file_of(str(row["source"])), line, check.name, detail))
+            file = check.file_of(str(row["source"]))
+            file = file if check.table == "counts" else str(raw / file)
+            violations.append(Violation(file, line, check.name, detail))
     return summaries, violations
 
 
@@ -202,7 +214,7 @@ def validate(
         "nli": nli,
         "counts": count_table(pairs, nli),
     }
-    summaries, expectation_violations = run_expectations(tables)
+    summaries, expectation_violations = run_expectations(tables, raw)
     violations += expectation_violations
     report = {
         "success": not violations,

@@ -212,6 +212,10 @@ def test_validate_real_mirror_gives_senteval_counts(raw, tmp_path):
     pairs = pd.read_parquet(tmp_path / "processed/pairs.parquet")
     nli = pd.read_parquet(tmp_path / "processed/nli.parquet")
     assert list(pairs.columns[:6]) == ["task", "subset", "split", "sentence1", "sentence2", "score"]
+    # data/processed is a DVC output: its `source` column is relative to the raw folder, so two clones agree.
+    assert "STS/STS12-en-test/STS.input.MSRpar.txt" in set(pairs["source"])
+    assert set(nli["source"]) == {"SNLI/s1.dev", "SNLI/s1.test"}
+    assert not any(Path(s).is_absolute() for s in (*pairs["source"], *nli["source"]))
     assert set(nli["label"]) == {"entailment", "neutral", "contradiction"}
     assert len(pairs[(pairs.task == "STS16")]) == 1186
     # unscored pairs are skipped and counted: STS15/16 ship many

@@ -93,3 +93,48 @@ def test_plots_show_warns_about_nothing(repo, tmp_path):
     result = dvc(repo, "plots", "show", "-o", str(tmp_path / "out"))
     assert "warning" not in (result.stdout + result.stderr).lower(), result.stderr
     assert (tmp_path / "out" / "index.html").is_file()
+
+
+REGISTER_SCRIPT = """
+import json, pathlib
+calls = pathlib.Path("calls.log")
+calls.write_text(calls.read_text() + "x" if calls.exists() else "x")
+receipt = pathlib.Path({receipt!r})
+receipt.parent.mkdir(parents=True, exist_ok=True)
+receipt.write_text(json.dumps({{"registered_version": str(len(calls.read_text()))}}))
+"""
+
+
+def test_register_runs_on_a_fresh_clone_never_from_run_cache_and_is_clean_after(tmp_path):
+    """dvc.yaml's own `register` outputs, in a scratch repository with a counting command in place of the stage:
+    `dvc status` is clean after it ran (issue 14), yet a clone without the receipt registers (issue 12)."""
+    stage = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["register"]
+    assert not stage.get("always_changed")  # would keep `dvc status` from ever being clean
+    receipt = next(iter(stage["outs"][0]))
+    # Git ignores the receipt, so it never travels with a clone: a fresh clone has an empty registry to fill.
+    assert subprocess.run(["git", "check-ignore", "-q", receipt], cwd=ROOT).returncode == 0
+    repo = tmp_path
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    dvc(repo, "init", "-q")
+    (repo / "export.txt").write_text("weights v1")
+    script = repo / "register.py"
+    script.write_text(REGISTER_SCRIPT.format(receipt=receipt))
+    scratch = {"cmd": f"{sys.executable} register.py", "deps": ["export.txt"], "outs": stage["outs"]}
+    (repo / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"register": scratch}}))
+
+    def calls() -> int:
+        return len((repo / "calls.log").read_text())
+
+    def clean() -> bool:
+        return json.loads(dvc(repo, "status", "--json").stdout or "{}") == {}
+
+    dvc(repo, "repro")
+    assert calls() == 1 and clean()
+    dvc(repo, "repro")
+    assert calls() == 1  # nothing changed: not registered again
+    (repo / receipt).unlink()  # a clone without the receipt (the run-cache holds this very run)
+    dvc(repo, "repro")
+    assert calls() == 2 and clean()
+    (repo / "export.txt").write_text("weights v2")
+    dvc(repo, "repro")
+    assert calls() == 3 and clean()
