@@ -146,9 +146,7 @@ def checks() -> list[Check]:
     ]
 
 
-def run_expectations(
-    tables: dict[str, pd.DataFrame], raw: Path
-) -> tuple[list[dict], list[Violation]]:
+def run_expectations(tables: dict[str, pd.DataFrame], raw: Path) -> tuple[list[dict], list[Violation]]:
     """Validate each table with GX (ephemeral context, analytics off); return summaries and violations."""
     os.environ["GX_ANALYTICS_ENABLED"] = "False"
     import great_expectations as gx
