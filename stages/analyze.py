@@ -255,6 +255,11 @@ def transfer_run(
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
     metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
     metrics["wall_s"] = round(time.perf_counter() - start, 1)
+    # The last evaluation's STS-B dev, whether or not selection kept it: a view that hurts shows here, while the
+    # selected model (scored below) falls back to the init.
+    with open(work / "metrics" / "curves" / f"{name}.csv") as f:
+        scored = [row for row in csv.DictReader(f) if row.get("stsb_dev")]
+    metrics["stsb_dev_end"] = round(float(scored[-1]["stsb_dev"]), 2) if scored else None
     metrics["output"] = output
     return metrics
 
@@ -266,6 +271,14 @@ def _score_stsb(folder: Path, data: Path) -> dict[str, float]:
     return {"stsb_test": round(result["all"]["STSb"], 4), "stsb_dev": round(result["stsb_dev"], 4)}
 
 
+def grid_pairs(views: Sequence[str], cells_kind: str) -> list[tuple[str, str]]:
+    """aug-grid cells: every ordered pair, or (``single``) each view with itself and with ``none``."""
+    pairs = [(v1, v2) for v1 in views for v2 in views]
+    if cells_kind == "single":
+        pairs = [(v1, v2) for v1, v2 in pairs if v1 == v2 or (v2 == "none" and v1 != "none")]
+    return pairs
+
+
 def run_sweep(
     kind: str,
     params: dict[str, Any],
@@ -275,39 +288,53 @@ def run_sweep(
     values: Sequence[Any] | None,
     max_texts: Any,
     init_label: str | None = None,
+    cells_kind: str = "all",
+    extra: dict[str, Any] | None = None,
+    tag: str | None = None,
 ) -> list[dict[str, Any]]:
+    """``cells_kind`` (aug-grid): ``all`` pairs, or ``single``: each view with itself and with ``none``.
+    ``extra`` overrides go into every cell (e.g. ``encoder_dropout: true``); ``tag`` names the output files."""
     rows = []
     if kind == "aug-grid":
-        views = list(values or GRID_VIEWS)
-        cells = [({"views": [v1, v2]}, {"view1": v1, "view2": v2}) for v1 in views for v2 in views]
+        pairs = grid_pairs(list(values or GRID_VIEWS), cells_kind)
+        cells = [({"views": [v1, v2]}, {"view1": v1, "view2": v2}) for v1, v2 in pairs]
     else:
         key, default_values = SWEEPS[kind]
         cells = [({key: v}, {key: v}) for v in (values or default_values)]
+    name = kind.replace("-", "_") + (f"_{tag}" if tag else "")
     with tempfile.TemporaryDirectory(prefix=f"sentcl-{kind}-") as tmp:
         work = Path(tmp)
         for i, (overrides, label) in enumerate(cells):
             if kind != "few-shot" and max_texts is not None:
                 overrides = {**overrides, "max_texts": max_texts}
+            overrides = {**(extra or {}), **overrides}
             log.info("%s %d/%d: %s", kind, i + 1, len(cells), overrides)
             metrics = transfer_run(params, overrides, work, f"{kind}-{i}", init, steps)
             scores = _score_stsb(metrics.pop("output"), data)
             rows.append(
-                {**label, **scores, "stsb_dev_step0": metrics["stsb_dev_step0"], "wall_s": metrics["wall_s"]}
+                {
+                    **label,
+                    **scores,
+                    "stsb_dev_step0": metrics["stsb_dev_step0"],
+                    "stsb_dev_end": metrics["stsb_dev_end"],
+                    "best_step": metrics["best_step"],
+                    "wall_s": metrics["wall_s"],
+                }
             )
-            _write_csv(ANALYSIS / f"{kind.replace('-', '_')}.csv", rows)  # partial results survive a stop
+            _write_csv(ANALYSIS / f"{name}.csv", rows)  # partial results survive a stop
     meta = {"init": init, "init_label": init_label, "steps": steps, "max_texts": max_texts, "data": str(data)}
-    (ANALYSIS / f"{kind.replace('-', '_')}.json").write_text(
-        json.dumps({**meta, "rows": rows}, indent=2) + "\n"
-    )
-    _plot_sweep(kind, rows, meta)
+    meta |= {"cells": cells_kind, "overrides": extra or {}}
+    (ANALYSIS / f"{name}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2) + "\n")
+    _plot_sweep(kind, rows, meta, name)
     return rows
 
 
-def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any], name: str) -> None:
     plt = _plt()
     init = meta.get("init_label") or Path(str(meta["init"])).name
     texts = "" if meta.get("max_texts") is None else f", {meta['max_texts']} texts"
-    subtitle = f"transfer from {init}, {meta['steps']} steps{texts}"
+    overrides = "".join(f", {k} {v}" for k, v in (meta.get("overrides") or {}).items())
+    subtitle = f"transfer from {init}, {meta['steps']} steps{texts}{overrides}"
     if kind == "aug-grid":
         views = list(dict.fromkeys(r["view1"] for r in rows))
         grid = np.full((len(views), len(views)), np.nan)
@@ -342,7 +369,7 @@ def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any]) -> 
         ax.set_title(f"{kind}: {subtitle}")
         ax.grid(alpha=0.3)
         ax.legend()
-    _save(fig, f"{kind.replace('-', '_')}.png")
+    _save(fig, f"{name}.png")
 
 
 def _value(text: str) -> Any:
@@ -365,6 +392,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--values", help="sweeps: comma-separated values (aug-grid: views) instead of the defaults"
     )
+    parser.add_argument(
+        "--cells",
+        choices=["all", "single"],
+        default="all",
+        help="aug-grid: every pair, or each view with itself and with none",
+    )
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="sweeps: a transfer.base recipe override for every cell, e.g. encoder_dropout=true",
+    )
+    parser.add_argument("--tag", help="sweeps: suffix of the output files (metrics/analysis, plots)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
@@ -384,7 +425,20 @@ def main(argv: list[str] | None = None) -> int:
         values = [_value(v) for v in args.values.split(",")] if args.values else None
         init = args.init or resolve_model_path(params["model"]["name"])
         label = args.init or params["model"]["name"]
-        run_sweep(args.analysis, params, args.data, init, args.steps, values, args.max_texts, label)
+        extra = {key: _value(value) for key, _, value in (item.partition("=") for item in args.set)}
+        run_sweep(
+            args.analysis,
+            params,
+            args.data,
+            init,
+            args.steps,
+            values,
+            args.max_texts,
+            label,
+            cells_kind=args.cells,
+            extra=extra,
+            tag=args.tag,
+        )
     return 0
 
 

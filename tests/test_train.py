@@ -319,3 +319,13 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
     assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
     assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
     assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000
+
+
+def test_aug_grid_single_cells_are_each_view_with_itself_and_with_none():
+    from stages.analyze import GRID_VIEWS, grid_pairs
+
+    assert len(grid_pairs(GRID_VIEWS, "all")) == 25
+    single = grid_pairs(GRID_VIEWS, "single")
+    assert ("none", "none") in single and ("token_cutoff", "token_cutoff") in single
+    assert ("token_cutoff", "none") in single and ("none", "token_cutoff") not in single
+    assert ("shuffle", "token_cutoff") not in single and len(single) == 9
