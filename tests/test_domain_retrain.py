@@ -267,6 +267,59 @@ def test_long_lines_are_counted_not_refused(tiny_model, tmp_path):
     assert count_truncated(texts, tokenizer, 5) == 2
 
 
+# --- the inbox ------------------------------------------------------------------------------------------------
+
+
+def test_new_inbox_files_are_those_not_archived_and_not_still_uploading(tmp_path):
+    from sentcl.domain import in_inbox, new_inbox_files
+
+    box = tmp_path / "inbox"
+    (box / "processed" / "2026-11-29").mkdir(parents=True)
+    (box / "processed" / "2026-11-29" / "old.txt").write_text("old\n")
+    (box / "team-a").mkdir()
+    for name in ("a.txt", "team-a/b.txt", "c.txt.part", "d.tmp", ".hidden.txt"):
+        (box / name).write_text("x\n")
+    assert [p.relative_to(box.resolve()).as_posix() for p in new_inbox_files(box, box)] == [
+        "a.txt",
+        "team-a/b.txt",
+    ]
+    assert new_inbox_files(box / "a.txt", box) == [(box / "a.txt").resolve()]  # an event names one file
+    assert new_inbox_files(box / "gone.txt", box) == []  # archived by an earlier run: nothing new
+    assert in_inbox(box, box) and in_inbox(box / "team-a", box)
+    assert not in_inbox(box / "processed" / "2026-11-29", box) and not in_inbox(tmp_path, box)
+
+
+def test_archive_moves_files_under_processed_date_and_never_overwrites(tmp_path):
+    from sentcl.domain import archive
+
+    box = tmp_path / "inbox"
+    (box / "team-a").mkdir(parents=True)
+    (box / "a.txt").write_text("first\n")
+    (box / "team-a" / "b.txt").write_text("b\n")
+    archive([box / "a.txt", box / "team-a" / "b.txt"], box, "2026-11-30")
+    (box / "a.txt").write_text("second\n")  # the same name again, the same day
+    archive([box / "a.txt"], box, "2026-11-30")
+    day = box / "processed" / "2026-11-30"
+    assert (day / "a.txt").read_text() == "first\n" and (day / "a.1.txt").read_text() == "second\n"
+    assert (day / "team-a" / "b.txt").read_text() == "b\n"
+    assert sorted(p.name for p in box.iterdir()) == ["processed", "team-a"] and not any(
+        (box / "team-a").iterdir()
+    )
+
+
+def test_reading_only_the_new_files_fingerprints_only_them(tmp_path):
+    from sentcl.domain import read_domain_text
+
+    (tmp_path / "a.txt").write_text("one sentence\ntwo sentences\n")
+    (tmp_path / "b.txt").write_text("three sentences\nfour sentences\n")
+    whole = read_domain_text(tmp_path)
+    only_b = read_domain_text(tmp_path, files=[tmp_path / "b.txt"])
+    assert only_b.sentences == ["three sentences", "four sentences"] and only_b.files == [tmp_path / "b.txt"]
+    assert (
+        only_b.sha256 != whole.sha256 == read_domain_text(tmp_path, files=sorted(tmp_path.iterdir())).sha256
+    )
+
+
 # --- the transfer stage -----------------------------------------------------------------------------------
 
 
