@@ -91,6 +91,12 @@ def new_files(domain_text: str) -> list[Path] | None:
     return new_inbox_files(domain_text, box)
 
 
+def work_folder(sha: str) -> Path:
+    """``runs/retrain/<time>-<sha8>-<random>``: the random part keeps two runs on the same text (a retry, an
+    event and the nightly run) out of each other's folder."""
+    return RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}-{uuid.uuid4().hex[:8]}"
+
+
 def ignore(_: str) -> None:
     pass
 
@@ -258,13 +264,8 @@ def retrain(
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
     sha = checked["sha256"]
-    # A random part: two runs on the same text (a retry, an event and the nightly run) never share a folder.
     own_work = not work_dir
-    work = (
-        Path(work_dir)
-        if work_dir
-        else RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}-{uuid.uuid4().hex[:6]}"
-    )
+    work = Path(work_dir) if work_dir else work_folder(sha)
     work.mkdir(parents=True, exist_ok=not own_work)
     logger.info("domain text %s (%s): %s", domain_text, method, checked)
     env = run_tags_env(

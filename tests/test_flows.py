@@ -301,6 +301,22 @@ def test_an_inbox_of_files_with_no_usable_text_stops_in_one_line_and_keeps_them(
     assert (box / "photo.png").exists() and (box / "utf16.txt").exists()  # nothing archived
 
 
+def test_two_runs_on_the_same_text_get_their_own_work_folders_removed_unless_kept(tmp_path, monkeypatch):
+    from flows import retrain as module
+
+    monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    monkeypatch.setenv("SENTCL_INBOX", str(tmp_path / "inbox"))
+    first, second = module.work_folder("ab" * 32), module.work_folder("ab" * 32)
+    assert first != second and first.parent == second.parent == tmp_path / "runs"
+    for work in (first, second):
+        (work / "checkpoints" / "s").mkdir(parents=True)
+        (work / "export").mkdir()
+    removed = module.finish({}, None, first, keep=False)
+    kept = module.finish({}, None, second, keep=True)
+    assert not first.exists() and removed["work_dir"] is None and removed["archived"] == []
+    assert (second / "export").is_dir() and not (second / "checkpoints").exists() and "work_dir" not in kept
+
+
 def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
     import yaml
 
