@@ -454,3 +454,47 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
         assert set(method["after"]) == {"test", "stsb_dev", "domain_dev"}
     # the second run of tsdae+contrastive started from the first's output
     assert result["methods"]["tsdae+contrastive"]["runs"][1]["init"].endswith("tsdae-contrastive-0")
+    # the gate's rule on STS-B dev and the domain dev set, before vs after; nothing registered anywhere
+    gate = result["methods"]["tsdae+contrastive"]["gate"]
+    assert gate["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out
+    assert any(r.startswith("stsb_dev ") for r in gate["reasons"])
+
+
+def test_bench_domain_from_champion_without_one_is_one_line_exit_2(stage_args, tmp_path, monkeypatch, capsys):
+    from benchmarks.bench_domain import main
+
+    args, _, _ = stage_args
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["--params", args[args.index("--params") + 1], "--processed", args[args.index("--processed") + 1]]
+            + ["--from", "champion", "--work", str(tmp_path / "work")]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (MLflow logs creating the scratch store first)
+    assert err.startswith("--from champion: 'sentcl-encoder' has no 'champion' version")
+
+
+def test_bench_domain_reads_dev_and_test_with_the_transfer_stage_reader(stage_args, tmp_path, capsys):
+    from benchmarks.bench_domain import main
+
+    args, _, _ = stage_args
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    (tmp_path / "bad.tsv").write_text("a\tb\t1\nc\td\n")
+    write_pairs(tmp_path / "dev.tsv", DOMAIN_DEV)
+    common = [
+        "--params",
+        args[args.index("--params") + 1],
+        "--processed",
+        args[args.index("--processed") + 1],
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [*common, "--text", str(tmp_path / "text.txt"), "--dev", str(tmp_path / "dev.tsv")]
+            + ["--test", str(tmp_path / "bad.tsv"), "--work", str(tmp_path / "work")]
+        )
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"--test {tmp_path / 'bad.tsv'}:2: expected sentence1<TAB>sentence2<TAB>score"
+    )
