@@ -1,6 +1,6 @@
 """Retraining on new domain text, from the current champion: validate, transfer, evaluate, register, gate.
 
-    python -m flows.retrain --domain-text FILE_OR_FOLDER [--domain-dev PAIRS.tsv] [--keep]
+    python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep]
 
 Exit code 0 when the flow ran (promoted or not: the gate's decision is printed with its numbers; nothing new
 or no gain: said, nothing registered); non-zero when it could not run (bad text or params: 2, anything else:
@@ -82,13 +82,15 @@ def check_inside_inbox(domain_text: str, trigger: str) -> None:
         )
 
 
-def new_files(domain_text: str) -> list[Path] | None:
+def new_files(domain_text: str, trigger: str = "manual") -> list[Path] | None:
     """The inbox's files under ``domain_text`` that no run has archived yet; None when ``domain_text`` is not
-    in the inbox (a person's own file or folder: read as it is, never moved)."""
+    in the inbox (a person's own file or folder: read as it is, never moved). An event or schedule naming
+    something already archived has nothing new; a person may name an archived folder to train on it again."""
     box = inbox()
-    if not in_inbox(domain_text, box):
-        return None
-    return new_inbox_files(domain_text, box)
+    path = Path(domain_text).resolve()
+    if in_inbox(path, box) or (trigger in TRIGGERED and (path == box or box in path.parents)):
+        return new_inbox_files(path, box)
+    return None
 
 
 def work_folder(sha: str) -> Path:
@@ -232,7 +234,7 @@ def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict
 
 @flow(name="sentcl-retrain", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
 def retrain(
-    domain_text: str,
+    domain_text: str | None = None,
     domain_dev: str | None = None,
     work_dir: str | None = None,
     steps: int | None = None,
@@ -244,14 +246,16 @@ def retrain(
 ) -> dict[str, Any]:
     """Transfer the champion to ``domain_text``, register the better of init and result, run the gate.
 
+    ``domain_text``: a file or folder; default the inbox (``SENTCL_INBOX``, its new files only).
     ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml (the
     transfer stage and the init read it). ``processed``: a folder with pairs.parquet instead of data/processed
     (then `dvc repro validate` is not run). ``keep``: leave the work folder after a successful run."""
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
+    domain_text = str(domain_text or inbox())
     check_inside_inbox(domain_text, trigger)
-    files = new_files(domain_text)
+    files = new_files(domain_text, trigger)
     if files is not None and not files:
         print(
             f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
@@ -373,12 +377,16 @@ def describe(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Retrain the champion on new domain text and gate it.")
-    parser.add_argument("--domain-text", required=True, help="file (one sentence a line) or folder of them")
+    parser.add_argument(
+        "--domain-text",
+        help="file (one sentence a line) or folder of them; default the inbox (SENTCL_INBOX or inbox/): its new files",
+    )
     parser.add_argument("--domain-dev", help="scored pairs: sentence1<TAB>sentence2<TAB>score")
     parser.add_argument("--work-dir", help="default runs/retrain/<time>-<sha8>")
     parser.add_argument("--steps", type=int, help="override transfer steps (smoke runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder after a successful run")
     args = parser.parse_args(argv)
+    args.domain_text = args.domain_text or str(inbox())
     # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
         retrain_method(load_params())

@@ -116,6 +116,45 @@ def test_watcher_reports_a_landed_file_once_it_stops_growing(tmp_path):
     assert [p.name for p in seen] == ["new.txt"]
 
 
+def test_watcher_ignores_what_a_retrain_archives(tmp_path):
+    """A move into processed/ (what a retrain does with what it read) is no arrival, even where the watch sees
+    into subfolders (watchdog reports such a move as FileMovedEvent on some platforms and backends)."""
+    from watchdog.events import FileCreatedEvent, FileMovedEvent
+
+    from flows.watch import InboxHandler
+    from sentcl.domain import archive
+
+    seen: list[Path] = []
+    handler = InboxHandler(emit=seen.append, settle_s=0.1, folder=tmp_path)
+    (tmp_path / "new.txt").write_text("a sentence\nanother one\n")
+    (moved,) = archive([tmp_path / "new.txt"], tmp_path, "2026-11-30")
+    handler.on_moved(FileMovedEvent(str(tmp_path / "new.txt"), str(moved)))
+    handler.on_created(FileCreatedEvent(str(moved)))
+    (tmp_path / "other.txt").write_text("a third sentence\n")
+    handler.on_created(FileCreatedEvent(str(tmp_path / "other.txt")))
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert [p.name for p in seen] == ["other.txt"]
+
+
+def test_a_triggered_run_naming_an_archived_file_has_nothing_new(tmp_path, monkeypatch):
+    from flows.retrain import new_files
+
+    box = tmp_path / "inbox"
+    (box / "processed" / "2026-11-30").mkdir(parents=True)
+    done = box / "processed" / "2026-11-30" / "a.txt"
+    done.write_text("one\ntwo\n")
+    (box / "b.txt").write_text("three\nfour\n")
+    (tmp_path / "mine.txt").write_text("five\nsix\n")
+    monkeypatch.setenv("SENTCL_INBOX", str(box))
+    assert new_files(str(done), "event") == [] and new_files(str(box / "gone.txt"), "event") == []
+    assert new_files(str(box), "schedule") == [(box / "b.txt").resolve()]
+    assert new_files(str(done), "manual") is None  # a person may train on an archived day again, unmoved
+    assert new_files(str(tmp_path / "mine.txt"), "manual") is None
+
+
 def test_watcher_event_reaches_the_prefect_server(prefect_server, tmp_path):
     from flows.watch import emit_arrival
 
