@@ -254,6 +254,10 @@ def retrain(
 
     logger = get_run_logger()
     domain_text = str(domain_text or inbox())
+    # Stages run with the repository as working directory: paths a person typed are made absolute here.
+    domain_dev, params, processed = (
+        str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed)
+    )
     check_inside_inbox(domain_text, trigger)
     files = new_files(domain_text, trigger)
     if files is not None and not files:
@@ -310,7 +314,9 @@ def retrain(
         )
         result = {**base, "status": "no gain", "registered_version": None}
     else:
-        result = {**base, **register_and_gate(init, init_name, runs[-1], work, env, domain_dev, sha, trigger)}
+        # The last run that beat its init holds the final weights (a later run that did not returned them).
+        winner = [r for r in runs if r.get("beat_init")][-1]
+        result = {**base, **register_and_gate(init, init_name, winner, work, env, domain_dev, sha, trigger)}
         result["status"] = "gated"
         print(describe(result))
     return finish(result, files, work, keep=keep or not own_work)
