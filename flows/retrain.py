@@ -299,7 +299,10 @@ def retrain(
         model = run["output"]
     base = {
         "method": method,
-        "runs": [{k: r.get(k) for k in ("objective", "best_step", "steps", "beat_init")} for r in runs],
+        "runs": [
+            {k: r.get(k) for k in ("objective", "init", "best_step", "steps", "beat_init", "selected_on")}
+            for r in runs
+        ],
         "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
         "work_dir": str(work),
         "domain_text_sha256": sha,

@@ -326,6 +326,32 @@ def test_nightly_inbox_run_reads_only_new_files_archives_them_and_skips_a_binary
     assert time.monotonic() - started < 30  # no training, no download: it ends at once
 
 
+@pytest.mark.slow  # ~60 s on 2 busy cores: two real transfer subprocesses
+def test_a_manual_tsdae_then_contrastive_run_selects_on_the_domain_dev_set_and_moves_nothing(
+    prefect_server, tiny_inbox, tmp_path
+):
+    """retrain.method tsdae+contrastive: TSDAE, then the contrastive transfer from its output, each selecting
+    on --domain-dev; a person's own file outside the inbox is read where it is; --keep leaves the work folder."""
+    from flows.retrain import retrain
+    from tests.tiny import tiny_sentences
+
+    _, options = tiny_inbox
+    text = tmp_path / "mine.txt"
+    text.write_text("\n".join(tiny_sentences(30, seed=9)) + "\n")
+    sentences = tiny_sentences(40, seed=11)
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("".join(f"{sentences[i]}\t{sentences[i + 1]}\t{i % 5}\n" for i in range(0, 40, 2)))
+    result = retrain(str(text), domain_dev=str(dev), method="tsdae+contrastive", keep=True, **options)
+    assert result["status"] == "no gain" and result["archived"] == [] and text.is_file()
+    tsdae, contrastive = result["runs"]
+    assert (tsdae["objective"], contrastive["objective"]) == ("tsdae", "contrastive")
+    assert all(r["selected_on"] == "domain_dev" for r in result["runs"])
+    assert contrastive["init"] == str(
+        Path(result["work_dir"]) / "models" / f"retrain-{result['domain_text_sha256'][:8]}-tsdae"
+    )
+    assert (Path(result["work_dir"]) / "texts.txt").read_text().splitlines() == tiny_sentences(30, seed=9)
+
+
 def test_an_inbox_of_files_with_no_usable_text_stops_in_one_line_and_keeps_them(prefect_server, tiny_inbox):
     from flows.retrain import retrain
 
