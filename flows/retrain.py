@@ -391,7 +391,10 @@ def main(argv: list[str] | None = None) -> int:
         help="file (one sentence a line) or folder of them; default the inbox (SENTCL_INBOX or inbox/): its new files",
     )
     parser.add_argument("--domain-dev", help="scored pairs: sentence1<TAB>sentence2<TAB>score")
-    parser.add_argument("--work-dir", help="default runs/retrain/<time>-<sha8>")
+    parser.add_argument(
+        "--work-dir",
+        help="a work folder of your own, kept (default: runs/retrain/<time>-<sha8>-<random>, removed unless --keep)",
+    )
     parser.add_argument("--steps", type=int, help="override transfer steps (smoke runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder after a successful run")
     args = parser.parse_args(argv)
