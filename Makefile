@@ -72,9 +72,10 @@ bench-eval: setup
 bench-embed: setup
 	$(PY) benchmarks/bench_embed.py
 
-# Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time;
-# SICK by default (train sentences as text, trial pairs as dev, test pairs held out). Not part of `make run`;
-# registers nothing. make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
+# Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time, the
+# gate's rule; SICK by default (train sentences as text, trial pairs as dev, test pairs held out); --from
+# base|champion|DIR; --text --dev --test for any triple. Not part of `make run`; registers nothing.
+# make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
 BENCH_DOMAIN_ARGS ?=
 bench-domain: setup
 	$(VENV)/bin/dvc repro validate

@@ -3,11 +3,19 @@
 A domain is a triple: unlabeled text (what the retrain reads), scored dev pairs (what its checkpoint selection
 reads, ``--domain-dev``) and scored test pairs that no run ever sees. The default triple is SICK from
 data/processed/pairs.parquet: the SICK-R train sentences as text, the trial (dev) pairs as dev, the test pairs
-held out. Each method is the real transfer stage, run as a subprocess with tracking off in a scratch folder;
-nothing is registered. ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its output.
+held out (many test sentences also occur in the train text: the transductive setting ConSERT uses; the run
+prints how many). Each method is the real transfer stage, run as a subprocess with tracking off in a scratch
+folder; ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its output (the retrain
+flow's ``retrain.method`` values, sentcl.domain.RETRAIN_METHODS). Several ``--method`` run side by side, each
+from the same starting model.
+
+It starts from the base model (params ``model.name``) by default; ``--from champion`` downloads the registered
+champion (read only) and ``--from DIR`` takes a model folder. It registers nothing, in no store: the gate's
+decision is the registry's own rule (sentcl.registry.gate_decision, params ``registry:``) applied to the STS-B
+dev and domain dev scores before and after; the retrain flow's gate also checks every STS task.
 
     make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
-    python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|DIR
+    python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|champion|DIR
 
 TSV files: sentence1<TAB>sentence2<TAB>score, a header line allowed.
 """
@@ -29,15 +37,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sentcl.domain import RETRAIN_METHODS
+from sentcl.registry import GateConfig, gate_decision
 from sentcl.sts import STSEvaluator
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
 from stages.training import fail, load_pairs, read_texts, stsb_dev
+from stages.transfer import read_domain_dev
 
-METHODS = {
-    "contrastive": ("contrastive",),
-    "tsdae": ("tsdae",),
-    "tsdae+contrastive": ("tsdae", "contrastive"),
-}
+METHODS = RETRAIN_METHODS  # params.yaml retrain.method picks one of these for the retrain flow
 Pairs = list[tuple[str, str, float]]
 # The issue's bar for a retrain that pays: held-out test up by this much, STS-B dev down by no more than that.
 GOAL_TEST_GAIN, GOAL_STSB_DROP = 1.0, 0.5
@@ -58,17 +65,6 @@ def sick_triple(pairs: pd.DataFrame) -> tuple[list[str], Pairs, Pairs]:
 def write_tsv(pairs: Pairs, path: Path) -> Path:
     path.write_text("".join(f"{a}\t{b}\t{score}\n" for a, b, score in pairs), encoding="utf-8")
     return path
-
-
-def read_pairs(path: str, flag: str) -> Pairs:
-    from sentcl.domain import DomainTextError, read_scored_pairs
-
-    if not Path(path).is_file():
-        fail(f"{flag} {path}: no such file")
-    try:
-        return read_scored_pairs(path)
-    except DomainTextError as exc:
-        fail(f"{flag} {exc}")
 
 
 def score(model: str, sets: dict[str, Pairs], backend: str) -> dict[str, float]:
@@ -94,7 +90,9 @@ def transfer(
     cmd += ["--texts", text, "--domain-dev", str(dev), "--objective", objective, "--output", str(output)]
     cmd += ["--stage", name, "--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "ckpt")]
     cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
-    cmd += ["--steps", str(args.steps)] if args.steps else []
+    # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
+    steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
+    cmd += ["--steps", str(steps)] if steps else []
     cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     print(f"bench-domain: {name}: {objective} from {init}", flush=True)
@@ -123,6 +121,11 @@ def table(before: dict[str, float], results: dict[str, dict[str, Any]]) -> str:
     ]
     lines.append("| selected step / steps run | | " + " | ".join(steps) + " |")
     lines.append("| train wall s | | " + " | ".join(f"{r['wall_s']:.0f}" for r in results.values()) + " |")
+    lines.append(
+        "| gate (STS-B dev + domain dev rules) | | "
+        + " | ".join(r["gate"]["decision"] for r in results.values())
+        + " |"
+    )
     goal = [
         "yes"
         if r["after"]["test"] - before["test"] >= GOAL_TEST_GAIN
@@ -147,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", help="scored held-out test pairs, TSV (default: SICK test pairs)")
     parser.add_argument("--method", nargs="+", choices=list(METHODS), default=["contrastive"])
     parser.add_argument(
-        "--from", dest="init", default="base", help="base (params model.name) or a model folder"
+        "--from",
+        dest="init",
+        default="base",
+        help="base (params model.name), champion (the registered one, read only) or a model folder",
     )
     parser.add_argument("--recipe", default="base", help="transfer.<recipe> of params.yaml (default: base)")
     parser.add_argument("--steps", type=int, help="override transfer steps (each run of a method)")
+    parser.add_argument("--tsdae-steps", type=int, help="steps of a tsdae run (default: --steps)")
     parser.add_argument("--max-texts", help="use a seeded sample of this many sentences")
     parser.add_argument("--params", help="params file (default: params.yaml)")
     parser.add_argument(
@@ -164,7 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     offline_hub()
     params = load_params(Path(args.params) if args.params else None)
-    init = params["model"]["name"] if args.init == "base" else args.init
+    gate = GateConfig.from_params(params)
+    if args.init not in ("base", "champion") and not Path(args.init).is_dir():
+        fail(f"--from {args.init}: neither base, champion nor a model folder")
     backend = args.backend or params["evaluate"]["backend"]
     if not (Path(args.processed) / "pairs.parquet").is_file():
         fail(f"{args.processed}/pairs.parquet: missing; run `dvc repro validate` first")
@@ -173,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-domain-"))
     work.mkdir(parents=True, exist_ok=True)
     try:
+        init = starting_model(args.init, params, work)
         sick_text, sick_dev, sick_test = (
             sick_triple(pairs) if not (args.text and args.dev and args.test) else ([], [], [])
         )
         text_path = args.text or str(write_text(sick_text, work / "text.txt"))
         texts = read_texts(Path(text_path))
-        dev = read_pairs(args.dev, "--dev") if args.dev else sick_dev
-        test = read_pairs(args.test, "--test") if args.test else sick_test
+        dev = read_domain_dev(args.dev, "--dev") if args.dev else sick_dev
+        test = read_domain_dev(args.test, "--test") if args.test else sick_test
         dev_path = Path(args.dev) if args.dev else write_tsv(dev, work / "dev.tsv")
         test_sentences = {s for a, b, _ in test for s in (a, b)}
         shared = len(test_sentences & set(texts))
@@ -199,7 +209,19 @@ def main(argv: list[str] | None = None) -> int:
                 output, metrics, seconds = transfer(model, objective, name, args, text_path, dev_path, work)
                 model, wall = str(output), wall + seconds
                 runs.append({"objective": objective, **metrics})
-            results[method] = {"after": score(model, sets, backend), "runs": runs, "wall_s": round(wall, 1)}
+            after = score(model, sets, backend)
+            promote, reasons = gate_decision(
+                (after["stsb_dev"], {}, after["domain_dev"]),
+                (before["stsb_dev"], {}, before["domain_dev"]),
+                gate,
+            )
+            decision = "would promote" if promote else "would reject"
+            results[method] = {
+                "after": after,
+                "runs": runs,
+                "wall_s": round(wall, 1),
+                "gate": {"decision": decision, "reasons": reasons},
+            }
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -213,6 +235,24 @@ def main(argv: list[str] | None = None) -> int:
             + "\n"
         )
     return 0
+
+
+def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
+    """The model every method starts from: base (params model.name), the registered champion (downloaded into
+    ``work``, its weights checked; read only) or a model folder."""
+    if choice == "base":
+        return params["model"]["name"]
+    if choice != "champion":
+        return choice
+    from sentcl_mlflow import registry
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+
+    try:
+        folder = registry.download_alias(registry.CHAMPION, work / "champion")
+    except (registry.NoChampionError, TrackingUnavailableError, TrackingAuthError) as exc:
+        fail(f"--from champion: {exc}")
+    print(f"bench-domain: from the registered champion ({folder})", flush=True)
+    return str(folder)
 
 
 def write_text(sentences: list[str], path: Path) -> Path:

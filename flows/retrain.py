@@ -1,13 +1,24 @@
 """Retraining on new domain text, from the current champion: validate, transfer, evaluate, register, gate.
 
-    python -m flows.retrain --domain-text FILE_OR_FOLDER [--domain-dev PAIRS.tsv]
+    python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep]
 
-Exit code 0 when the flow ran (promoted or not: the gate's decision is printed with its numbers); non-zero
-when it could not run (bad text: 2, anything else: 1). Deployments run the same flow on a cron schedule and
-when the inbox watcher (flows/watch.py) reports new files (infra/prefect.yaml).
+Exit code 0 when the flow ran (promoted or not: the gate's decision is printed with its numbers; nothing new
+or no gain: said, nothing registered); non-zero when it could not run (bad text or params: 2, anything else:
+1). Deployments run the same flow on a cron schedule and when the inbox watcher (flows/watch.py) reports new
+files (infra/prefect.yaml).
+
+The inbox (``SENTCL_INBOX``, default ``inbox/``): for text inside it, "new" means "not yet archived". The run
+reads the files under the given path outside ``inbox/processed/`` and, after it finished (promoted, rejected or
+no gain), moves them to ``inbox/processed/<date>/``; with nothing new it ends at once. No state store: the
+folder is the state, on a laptop or a Kubernetes volume alike. A file that is not UTF-8 text is skipped with one
+warning line (and archived with the rest); an upload still going (``.part``, ``.tmp``) is left for a later run.
+
+The method is params.yaml ``retrain.method``: contrastive | tsdae | tsdae+contrastive (TSDAE, then the
+contrastive transfer from its output). A run in which no step of any transfer beat its init registers nothing.
 
 Every step is a stage run as a subprocess (stages.transfer, stages.evaluate, stages.export) so that the
-flow adds orchestration only. Work files go to ``runs/retrain/<time>-<sha8>/``.
+flow adds orchestration only. Work files go to ``runs/retrain/<time>-<sha8>-<random>/`` (two runs on the same
+text never share one), removed after a successful run unless ``--keep``.
 """
 
 from __future__ import annotations
@@ -18,6 +29,7 @@ import os
 import shutil
 import sys
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +45,18 @@ from flows.common import (
     run_stage,
     run_tags_env,
 )
-from sentcl.domain import DomainTextError, read_domain_text, read_scored_pairs, write_sentences
+from sentcl.domain import (
+    RETRAIN_METHODS,
+    DomainTextError,
+    RetrainConfigError,
+    archive,
+    in_inbox,
+    new_inbox_files,
+    read_domain_text,
+    read_scored_pairs,
+    retrain_method,
+    write_sentences,
+)
 from stages.common import PROCESSED, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
@@ -59,14 +82,36 @@ def check_inside_inbox(domain_text: str, trigger: str) -> None:
         )
 
 
+def new_files(domain_text: str, trigger: str = "manual") -> list[Path] | None:
+    """The inbox's files under ``domain_text`` that no run has archived yet; None when ``domain_text`` is not
+    in the inbox (a person's own file or folder: read as it is, never moved). An event or schedule naming
+    something already archived has nothing new; a person may name an archived folder to train on it again."""
+    box = inbox()
+    path = Path(domain_text).resolve()
+    if in_inbox(path, box) or (trigger in TRIGGERED and (path == box or box in path.parents)):
+        return new_inbox_files(path, box)
+    return None
+
+
+def work_folder(sha: str) -> Path:
+    """``runs/retrain/<time>-<sha8>-<random>``: the random part keeps two runs on the same text (a retry, an
+    event and the nightly run) out of each other's folder."""
+    return RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}-{uuid.uuid4().hex[:8]}"
+
+
+def ignore(_: str) -> None:
+    pass
+
+
 @task(cache_policy=NO_CACHE)
-def check_text(domain_text: str) -> dict[str, Any]:
-    """UTF-8, not binary, not empty, at least two distinct sentences: checked before anything is downloaded."""
-    return read_domain_text(domain_text).summary()
+def check_text(domain_text: str, files: list[Path] | None) -> dict[str, Any]:
+    """Usable UTF-8 text, at least two distinct sentences: checked before anything is downloaded. A file that
+    is not UTF-8 text is skipped with one warning line naming it."""
+    return read_domain_text(domain_text, files=files, warn=get_run_logger().warning).summary()
 
 
 @task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10, retry_condition_fn=retry_if_transient)
-def fetch_init(work: Path) -> dict[str, Any]:
+def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     """The champion's folder and its registered scores; the base model when nothing is registered yet.
 
     Retried (twice) when MLflow or its artifact store has a hiccup (flows.common.transient_error: the server
@@ -79,7 +124,7 @@ def fetch_init(work: Path) -> dict[str, Any]:
     if champion is None:
         from sentcl.encoder import resolve_model_path
 
-        name = load_params()["model"]["name"]
+        name = load_params(Path(params) if params else None)["model"]["name"]
         print(f"retrain: no champion registered yet; starting from the base model {name}")
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
         return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
@@ -92,17 +137,29 @@ def fetch_init(work: Path) -> dict[str, Any]:
 
 
 @task(cache_policy=NO_CACHE)
-def prepare_text(domain_text: str, init_folder: str, work: Path) -> dict[str, Any]:
-    """Deduplicated text for the transfer stage, checked against the init's tokenizer length limit."""
-    from sentcl.encoder import resolve_model_path
-
-    max_tokens = int(load_params()["model"]["max_length"])
+def prepare_text(
+    domain_text: str, files: list[Path] | None, init_folder: str, work: Path, params: str | None = None
+) -> dict[str, Any]:
+    """Deduplicated text for the transfer stage; lines over the init's token limit are counted (the tokenizer
+    truncates them there, as every anchor does), not refused."""
     from transformers import AutoTokenizer
 
+    from sentcl.encoder import resolve_model_path
+
+    max_tokens = int(load_params(Path(params) if params else None)["model"]["max_length"])
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init_folder))
     text = read_domain_text(
-        domain_text, lambda s: len(tokenizer(s, add_special_tokens=True)["input_ids"]), max_tokens
+        domain_text,
+        lambda s: len(tokenizer(s, add_special_tokens=True, verbose=False)["input_ids"]),
+        max_tokens,
+        files=files,
+        warn=ignore,  # check_text said it already
     )
+    if text.too_long:
+        print(
+            f"retrain: {len(text.too_long)} of {len(text.sentences)} sentences are longer than "
+            f"model.max_length {max_tokens} tokens: truncated there"
+        )
     path = write_sentences(text.sentences, work / "texts.txt")
     return {**text.summary(), "path": str(path)}
 
@@ -125,17 +182,27 @@ def ensure_data() -> None:
     retry_condition_fn=retry_if_transient,
 )
 def transfer(
-    init: str, texts: str, work: Path, stage: str, env: dict[str, str], steps: int | None = None
-) -> Path:
+    init: str,
+    texts: str,
+    work: Path,
+    stage: str,
+    env: dict[str, str],
+    objective: str,
+    options: dict[str, Any],
+) -> dict[str, Any]:
+    """One transfer run (``objective`` from ``init``); its model folder and its training record.
+    ``options``: steps, domain_dev, params, processed (None: the stage's defaults)."""
     output = work / "models" / stage
-    run_stage(
-        [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
-        + ["--stage", stage, "--metrics-dir", str(work / "metrics")]
-        + ["--checkpoints-dir", str(work / "checkpoints"), "--processed", str(PROCESSED)]
-        + (["--steps", str(steps)] if steps else []),
-        env=env,
-    )
-    return output
+    cmd = [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
+    cmd += ["--stage", stage, "--objective", objective, "--metrics-dir", str(work / "metrics")]
+    cmd += ["--checkpoints-dir", str(work / "checkpoints")]
+    cmd += ["--processed", str(options.get("processed") or PROCESSED)]
+    cmd += ["--steps", str(options["steps"])] if options.get("steps") else []
+    cmd += ["--domain-dev", str(options["domain_dev"])] if options.get("domain_dev") else []
+    cmd += ["--params", str(options["params"])] if options.get("params") else []
+    run_stage(cmd, env=env)
+    record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
+    return {"stage": stage, "objective": objective, "output": str(output), **record}
 
 
 @task(
@@ -167,41 +234,109 @@ def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict
 
 @flow(name="sentcl-retrain", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
 def retrain(
-    domain_text: str,
+    domain_text: str | None = None,
     domain_dev: str | None = None,
     work_dir: str | None = None,
     steps: int | None = None,
     trigger: str = "manual",
+    keep: bool = False,
+    method: str | None = None,
+    params: str | None = None,
+    processed: str | None = None,
 ) -> dict[str, Any]:
-    """Transfer the champion to ``domain_text``, register the better of init and result, run the gate."""
+    """Transfer the champion to ``domain_text``, register the better of init and result, run the gate.
+
+    ``domain_text``: a file or folder; default the inbox (``SENTCL_INBOX``, its new files only).
+    ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml (the
+    transfer stage and the init read it). ``processed``: a folder with pairs.parquet instead of data/processed
+    (then `dvc repro validate` is not run). ``keep``: leave the work folder after a successful run."""
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
+    domain_text = str(domain_text or inbox())
+    # Stages run with the repository as working directory: paths a person typed are made absolute here.
+    domain_dev, params, processed = (
+        str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed)
+    )
     check_inside_inbox(domain_text, trigger)
-    checked = check_text(domain_text)
+    files = new_files(domain_text, trigger)
+    if files is not None and not files:
+        print(
+            f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
+        )
+        return {"status": "nothing new", "registered_version": None, "archived": []}
+    method = method or retrain_method(load_params(Path(params) if params else None))
+    if method not in RETRAIN_METHODS:
+        raise RetrainConfigError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
+    checked = check_text(domain_text, files)
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
     sha = checked["sha256"]
-    work = Path(work_dir) if work_dir else RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}"
-    work.mkdir(parents=True, exist_ok=True)
-    logger.info("domain text %s: %s", domain_text, checked)
+    own_work = not work_dir
+    work = Path(work_dir) if work_dir else work_folder(sha)
+    work.mkdir(parents=True, exist_ok=not own_work)
+    logger.info("domain text %s (%s): %s", domain_text, method, checked)
     env = run_tags_env(
         {
             "domain_text_sha256": sha,
             "domain_text": str(domain_text),
             "trigger": trigger,
+            "retrain_method": method,
             "flow": "sentcl-retrain",
             "prefect_flow_run_id": str(flow_run.get_id() or ""),
         }
     )
 
-    init = fetch_init(work)
-    text = prepare_text(domain_text, init["folder"], work)
-    ensure_data()
-    stage = f"retrain-{sha[:8]}"
-    retrained = transfer(init["folder"], text["path"], work, stage, env, steps)
-
+    init = fetch_init(work, params)
+    text = prepare_text(domain_text, files, init["folder"], work, params)
+    if not processed:
+        ensure_data()
+    options = {"steps": steps, "domain_dev": domain_dev, "params": params, "processed": processed}
+    runs, model = [], init["folder"]
+    for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
+        run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, options)
+        runs.append(run)
+        model = run["output"]
+    base = {
+        "method": method,
+        "runs": [
+            {k: r.get(k) for k in ("objective", "init", "best_step", "steps", "beat_init", "selected_on")}
+            for r in runs
+        ],
+        "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
+        "work_dir": str(work),
+        "domain_text_sha256": sha,
+    }
     init_name = "champion" if init["version"] else "base"
+    if not any(r.get("beat_init") for r in runs):
+        # The candidate would be the init itself: registering it again teaches the registry nothing.
+        print(
+            f"retrain: no step of {method} beat its init ({init_name}"
+            + (f" version {init['version']}" if init["version"] else "")
+            + "): the candidate is the init itself; nothing registered"
+        )
+        result = {**base, "status": "no gain", "registered_version": None}
+    else:
+        # The last run that beat its init holds the final weights (a later run that did not returned them).
+        winner = [r for r in runs if r.get("beat_init")][-1]
+        result = {**base, **register_and_gate(init, init_name, winner, work, env, domain_dev, sha, trigger)}
+        result["status"] = "gated"
+        print(describe(result))
+    return finish(result, files, work, keep=keep or not own_work)
+
+
+def register_and_gate(
+    init: dict[str, Any],
+    init_name: str,
+    last: dict[str, Any],
+    work: Path,
+    env: dict[str, str],
+    domain_dev: str | None,
+    sha: str,
+    trigger: str,
+) -> dict[str, Any]:
+    """Evaluate the retrained model (and the init, unless its registered scores are known), export and gate."""
+    stage, retrained = last["stage"], last["output"]
     to_evaluate = {stage: str(retrained)}
     if init["sts_row"] is None or not init["sts_row"].get("all"):
         to_evaluate[init_name] = init["folder"]
@@ -218,11 +353,22 @@ def retrain(
         export_args += ["--domain-dev", str(domain_dev)]
         if init["version"]:
             export_args += ["--champion-candidate", f"{init_name}={init['version']}"]
-    result = export_and_gate(export_args, work / "export.json", env)
-    result["work_dir"] = str(work)
-    result["domain_text_sha256"] = sha
-    print(describe(result))
-    shutil.rmtree(work / "checkpoints", ignore_errors=True)
+    return export_and_gate(export_args, work / "export.json", env)
+
+
+def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: bool) -> dict[str, Any]:
+    """After a successful run: the inbox's files to processed/<date>/, the work folder removed unless kept."""
+    result["archived"] = []
+    if files is not None:
+        date = time.strftime("%Y-%m-%d", time.gmtime())
+        result["archived"] = [str(p) for p in archive(files, inbox(), date)]
+        print(f"retrain: archived {len(files)} file(s) to {inbox() / 'processed' / date}")
+    if keep:
+        shutil.rmtree(work / "checkpoints", ignore_errors=True)
+        print(f"retrain: work folder kept: {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+        result["work_dir"] = None
     return result
 
 
@@ -240,26 +386,39 @@ def describe(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Retrain the champion on new domain text and gate it.")
-    parser.add_argument("--domain-text", required=True, help="file (one sentence a line) or folder of them")
+    parser.add_argument(
+        "--domain-text",
+        help="file (one sentence a line) or folder of them; default the inbox (SENTCL_INBOX or inbox/): its new files",
+    )
     parser.add_argument("--domain-dev", help="scored pairs: sentence1<TAB>sentence2<TAB>score")
-    parser.add_argument("--work-dir", help="default runs/retrain/<time>-<sha8>")
+    parser.add_argument(
+        "--work-dir",
+        help="a work folder of your own, kept (default: runs/retrain/<time>-<sha8>-<random>, removed unless --keep)",
+    )
     parser.add_argument("--steps", type=int, help="override transfer steps (smoke runs)")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder after a successful run")
     args = parser.parse_args(argv)
-    # Checked here as well as in the flow: bad text should not wait for a Prefect server to start.
+    args.domain_text = args.domain_text or str(inbox())
+    # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
-        read_domain_text(args.domain_text)
+        retrain_method(load_params())
+        files = new_files(args.domain_text)
+        if files is not None and not files:
+            print(f"retrain: nothing new in {args.domain_text}; nothing registered")
+            return 0
+        read_domain_text(args.domain_text, files=files, warn=ignore)  # the flow warns, once
         if args.domain_dev:
             if not Path(args.domain_dev).is_file():
                 raise DomainTextError(f"--domain-dev {args.domain_dev}: no such file")
             read_scored_pairs(args.domain_dev)
-    except DomainTextError as e:
+    except (DomainTextError, RetrainConfigError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
     try:
         with cli_errors("retrain"):
             check_prefect_api()
-            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps)
-    except DomainTextError as e:
+            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, keep=args.keep)
+    except (DomainTextError, RetrainConfigError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
     except SystemExit:

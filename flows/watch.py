@@ -4,7 +4,7 @@
 
 The deployment trigger in infra/prefect.yaml turns event ``sentcl.domain-text.arrived`` into a run of the
 retrain deployment with ``domain_text`` = the file. A file counts as landed once its size has stopped changing
-(a copy in progress is not yet text to train on).
+(a copy in progress is not yet text to train on). What a retrain archives to ``<inbox>/processed/`` is not news.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
+from sentcl.domain import PROCESSED_DIR
 from stages.common import ROOT
 
 EVENT = "sentcl.domain-text.arrived"
@@ -52,14 +53,18 @@ def wait_until_settled(path: Path, settle_s: float = SETTLE_S, timeout_s: float 
 
 
 class InboxHandler(FileSystemEventHandler):
-    def __init__(self, emit=emit_arrival, settle_s: float = SETTLE_S) -> None:  # noqa: ANN001
+    def __init__(self, emit=emit_arrival, settle_s: float = SETTLE_S, folder: Path | None = None) -> None:  # noqa: ANN001
         self.emit, self.settle_s = emit, settle_s
+        # A retrain moves what it read into <folder>/processed/<date>/: that move is not a new file.
+        self.archive = (folder / PROCESSED_DIR).resolve() if folder is not None else None
         self._pending: set[Path] = set()
         self._lock = threading.Lock()
 
     def _consider(self, raw: str | bytes) -> None:
         path = Path(raw.decode() if isinstance(raw, bytes) else raw)
         if path.name.startswith(".") or path.suffix in (".tmp", ".part", ".swp") or not path.is_file():
+            return
+        if self.archive is not None and self.archive in path.resolve().parents:
             return
         with self._lock:
             if path in self._pending:
@@ -91,7 +96,7 @@ class InboxHandler(FileSystemEventHandler):
 def watch(folder: Path, handler: InboxHandler | None = None) -> Observer:
     folder.mkdir(parents=True, exist_ok=True)
     observer = Observer()
-    observer.schedule(handler or InboxHandler(), str(folder), recursive=False)
+    observer.schedule(handler or InboxHandler(folder=folder), str(folder), recursive=False)
     observer.start()
     return observer
 

@@ -1,106 +1,226 @@
 """New-domain text for retraining: read, check and fingerprint it before any training starts.
 
-A file holds one sentence a line; a folder holds such files (``*.txt``, ``*.tsv`` first column is not
-special: every line is a sentence). Bad input raises :class:`DomainTextError` with a message a person can act
-on, so a retrain on empty, binary or all-duplicate text stops before it costs a GPU hour.
+A file holds one sentence a line; a folder holds such files (every file below it but hidden ones; a ``.tsv``
+first column is not special: every line is a sentence). A file that is not UTF-8 text (an image, a UTF-16
+file) or an unfinished upload (``.part``) is skipped with one warning line naming it and never blocks the
+others; text with nothing usable raises :class:`DomainTextError` with one line a person can act on. Lines
+longer than the model's limit are kept and counted: the tokenizer truncates them, as every anchor does.
+
+The inbox (:func:`new_inbox_files`, :func:`archive`): "new" means "not yet archived". A run reads the files of
+the inbox outside ``processed/`` and, once it has finished, moves them to ``processed/<date>/``; no state store.
 """
 
 from __future__ import annotations
 
 import csv
 import hashlib
-from collections.abc import Callable, Sequence
+import logging
+import shutil
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 MIN_SENTENCES = 2  # in-batch negatives need at least two distinct sentences
+UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")  # an upload or download still going
+PROCESSED_DIR = "processed"  # inbox/processed/<date>/: what earlier runs have read
+# retrain.method: the transfer objectives run one after the other, each from the previous one's output.
+RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
+    "contrastive": ("contrastive",),
+    "tsdae": ("tsdae",),
+    "tsdae+contrastive": ("tsdae", "contrastive"),
+}
+RETRAIN_KEYS = ("method",)
+
+log = logging.getLogger("sentcl.domain")
 
 
 class DomainTextError(ValueError):
     """Domain text that cannot be trained on; the message names the file and the rule."""
 
 
+class RetrainConfigError(ValueError):
+    """params.yaml ``retrain:`` is missing, has an unknown key or an unknown method."""
+
+
+def retrain_method(params: Mapping[str, Any]) -> str:
+    """params.yaml ``retrain.method`` (the only home of its default), checked."""
+    section = params.get("retrain")
+    if not isinstance(section, Mapping):
+        raise RetrainConfigError("params.yaml: section 'retrain' is missing or not a mapping")
+    unknown = sorted(set(section) - set(RETRAIN_KEYS))
+    if unknown:
+        raise RetrainConfigError(
+            f"params.yaml: unknown key {unknown[0]!r} in section 'retrain' (known: {', '.join(RETRAIN_KEYS)})"
+        )
+    method = section.get("method")
+    if method not in RETRAIN_METHODS:
+        raise RetrainConfigError(
+            f"params.yaml: retrain.method {method!r} is not one of {', '.join(RETRAIN_METHODS)}"
+        )
+    return method
+
+
 @dataclass
 class DomainText:
     sentences: list[str]
-    files: list[Path]
+    files: list[Path]  # the files read (skipped ones are not in it)
     sha256: str
     lines_read: int
     duplicates: int
+    skipped: dict[str, str] = field(default_factory=dict)  # file -> why it was not read
     too_long: list[int] = field(default_factory=list)  # 0-based indices into ``sentences``
 
     def summary(self) -> dict[str, object]:
         return {
             "files": [str(p) for p in self.files],
+            "skipped": dict(self.skipped),
             "sha256": self.sha256,
             "lines_read": self.lines_read,
             "sentences": len(self.sentences),
             "duplicates": self.duplicates,
+            "truncated": len(self.too_long),
         }
+
+
+def _hidden(relative: Path) -> bool:
+    return any(part.startswith(".") for part in relative.parts)
 
 
 def _files(path: Path) -> list[Path]:
     if path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise DomainTextError(f"{path}: folder has no files")
-        return files
+        return sorted(p for p in path.rglob("*") if p.is_file() and not _hidden(p.relative_to(path)))
     if path.is_file():
         return [path]
     raise DomainTextError(f"{path}: no such file or folder")
 
 
-def _decode(path: Path, data: bytes) -> str:
+def skip_reason(path: Path, data: bytes | None = None) -> str | None:
+    """Why ``path`` is not text to read (None: it is): unfinished, binary or UTF-16, not UTF-8."""
+    if path.name.lower().endswith(UNFINISHED_SUFFIXES):
+        return f"an unfinished upload or download ({path.suffix})"
+    data = path.read_bytes() if data is None else data
     if b"\x00" in data:
-        raise DomainTextError(f"{path}: binary file (NUL bytes); expected UTF-8 text, one sentence a line")
+        return "not UTF-8 text (NUL bytes: binary, or UTF-16)"
     try:
-        return data.decode("utf-8-sig")
+        data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DomainTextError(f"{path}: not UTF-8 (byte {e.start}: {e.reason}); re-encode it as UTF-8") from e
+        return f"not UTF-8 text (byte {e.start}: {e.reason})"
+    return None
+
+
+def _decode(path: Path, data: bytes) -> str:
+    reason = skip_reason(path, data)
+    if reason is not None:
+        raise DomainTextError(f"{path}: {reason}; expected UTF-8 text")
+    return data.decode("utf-8-sig")
 
 
 def read_domain_text(
     path: Path | str,
     count_tokens: Callable[[str], int] | None = None,
     max_tokens: int | None = None,
+    files: Sequence[Path | str] | None = None,
+    warn: Callable[[str], object] | None = None,
 ) -> DomainText:
-    """Sentences of ``path`` (file or folder), stripped and deduplicated in first-seen order.
+    """Sentences of ``path`` (file or folder; or just ``files``, e.g. an inbox's new ones), stripped and
+    deduplicated in first-seen order.
 
-    ``sha256`` covers the bytes of every file in name order, so the same text gives the same fingerprint.
-    With ``count_tokens`` and ``max_tokens``, a sentence longer than the tokenizer's limit is an error: the
-    encoder would silently truncate it, and a truncated sentence teaches the wrong similarity.
+    A file that is not UTF-8 text or is unfinished is skipped with one warning line (``skipped`` says why),
+    given to ``warn`` (default: this module's logger; a flow passes its run logger's).
+    ``sha256`` covers the name and bytes of every file read, in order: the same text, the same fingerprint.
+    With ``count_tokens`` and ``max_tokens``, sentences over the limit are counted (``too_long``): the
+    tokenizer truncates them there, as every anchor does; they are not refused.
     """
     path = Path(path)
     digest = hashlib.sha256()
     seen: dict[str, None] = {}
     lines = 0
-    files = _files(path)
-    for file in files:
-        data = file.read_bytes()
+    candidates = [Path(f) for f in files] if files is not None else _files(path)
+    read: list[Path] = []
+    skipped: dict[str, str] = {}
+    for file in candidates:
+        data = file.read_bytes() if not file.name.lower().endswith(UNFINISHED_SUFFIXES) else b""
+        reason = skip_reason(file, data)
+        if reason is not None:
+            (warn or log.warning)(f"{file}: skipped, {reason}")
+            skipped[str(file)] = reason
+            continue
+        read.append(file)
         digest.update(file.name.encode() + b"\0" + data)
-        for line in _decode(file, data).splitlines():
+        for line in data.decode("utf-8-sig").splitlines():
             sentence = " ".join(line.split())
             if sentence:
                 lines += 1
                 seen.setdefault(sentence, None)
     sentences = list(seen)
     if not sentences:
-        raise DomainTextError(f"{path}: no sentences (empty or whitespace only)")
+        why = "; ".join(f"{Path(f).name}: {r}" for f, r in list(skipped.items())[:3])
+        raise DomainTextError(
+            f"{path}: no usable text ({len(candidates)} file(s) seen"
+            + (f"; skipped {why}" if why else "; empty or whitespace only, no sentences")
+            + ")"
+        )
     if len(sentences) < MIN_SENTENCES:
         raise DomainTextError(
             f"{path}: {lines} line(s) but only {len(sentences)} distinct sentence(s) after deduplication; "
             f"contrastive training needs at least {MIN_SENTENCES}"
         )
-    text = DomainText(sentences, files, digest.hexdigest(), lines, lines - len(sentences))
+    text = DomainText(sentences, read, digest.hexdigest(), lines, lines - len(sentences), skipped)
     if count_tokens is not None and max_tokens is not None:
         text.too_long = [i for i, s in enumerate(sentences) if count_tokens(s) > max_tokens]
-        if text.too_long:
-            first = sentences[text.too_long[0]]
-            raise DomainTextError(
-                f"{path}: {len(text.too_long)} sentence(s) exceed the tokenizer limit of {max_tokens} tokens, "
-                f"e.g. {first[:80]!r}...; split them into sentences or raise model.max_length"
-            )
     return text
+
+
+# --- the inbox ----------------------------------------------------------------------------------------------
+
+
+def in_inbox(path: Path | str, box: Path | str) -> bool:
+    """``path`` is the inbox or inside it, and not inside its archive (``processed/``)."""
+    path, box = Path(path).resolve(), Path(box).resolve()
+    if path != box and box not in path.parents:
+        return False
+    archive_root = box / PROCESSED_DIR
+    return path != archive_root and archive_root not in path.parents
+
+
+def new_inbox_files(path: Path | str, box: Path | str) -> list[Path]:
+    """The files under ``path`` (the inbox, or a file or folder inside it) that no run has archived yet:
+    outside ``processed/``, not hidden, not an upload still going (``.part``, ``.tmp``: left for later).
+    A path that no longer exists (an earlier run archived it) has none."""
+    path, box = Path(path).resolve(), Path(box).resolve()
+    if path.is_file():
+        candidates = [path]
+    elif path.is_dir():
+        candidates = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        return []
+    archive_root = box / PROCESSED_DIR
+    return [
+        p
+        for p in candidates
+        if archive_root not in p.parents
+        and not _hidden(p.relative_to(box))
+        and not p.name.lower().endswith(UNFINISHED_SUFFIXES)
+    ]
+
+
+def archive(files: Sequence[Path | str], box: Path | str, date: str) -> list[Path]:
+    """Move ``files`` (inside ``box``) to ``box/processed/<date>/``, keeping their folders below the inbox;
+    a name already there gets a numbered suffix, so nothing archived earlier is overwritten."""
+    box = Path(box).resolve()
+    moved = []
+    for file in files:
+        file = Path(file).resolve()
+        target = box / PROCESSED_DIR / date / file.relative_to(box)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        n = 1
+        while target.exists():
+            target = target.with_name(f"{file.stem}.{n}{file.suffix}")
+            n += 1
+        shutil.move(str(file), str(target))
+        moved.append(target)
+    return moved
 
 
 def read_scored_pairs(path: Path | str) -> list[tuple[str, str, float]]:

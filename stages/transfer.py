@@ -61,16 +61,17 @@ def transfer_config(params: dict[str, Any], recipe: str | None, overrides: dict[
     return stage_config(params, "transfer", {"mode": "transfer", **overrides}, recipes, STAGE_KEYS)
 
 
-def read_domain_dev(path: str) -> list[tuple[str, str, float]]:
-    """The domain dev pairs, or one line naming the file (and line) and exit 2."""
+def read_domain_dev(path: str, flag: str = "--domain-dev") -> list[tuple[str, str, float]]:
+    """Scored pairs (the domain dev set; bench-domain's --dev and --test too), or one line naming the flag,
+    the file (and line) and exit 2."""
     from sentcl.domain import DomainTextError, read_scored_pairs
 
     if not Path(path).is_file():
-        fail(f"--domain-dev {path}: no such file")
+        fail(f"{flag} {path}: no such file")
     try:
         return read_scored_pairs(path)
     except DomainTextError as exc:
-        fail(f"--domain-dev {exc}")
+        fail(f"{flag} {exc}")
 
 
 def main(argv: list[str] | None = None) -> None:

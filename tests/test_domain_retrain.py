@@ -267,6 +267,59 @@ def test_long_lines_are_counted_not_refused(tiny_model, tmp_path):
     assert count_truncated(texts, tokenizer, 5) == 2
 
 
+# --- the inbox ------------------------------------------------------------------------------------------------
+
+
+def test_new_inbox_files_are_those_not_archived_and_not_still_uploading(tmp_path):
+    from sentcl.domain import in_inbox, new_inbox_files
+
+    box = tmp_path / "inbox"
+    (box / "processed" / "2026-11-29").mkdir(parents=True)
+    (box / "processed" / "2026-11-29" / "old.txt").write_text("old\n")
+    (box / "team-a").mkdir()
+    for name in ("a.txt", "team-a/b.txt", "c.txt.part", "d.tmp", ".hidden.txt"):
+        (box / name).write_text("x\n")
+    assert [p.relative_to(box.resolve()).as_posix() for p in new_inbox_files(box, box)] == [
+        "a.txt",
+        "team-a/b.txt",
+    ]
+    assert new_inbox_files(box / "a.txt", box) == [(box / "a.txt").resolve()]  # an event names one file
+    assert new_inbox_files(box / "gone.txt", box) == []  # archived by an earlier run: nothing new
+    assert in_inbox(box, box) and in_inbox(box / "team-a", box)
+    assert not in_inbox(box / "processed" / "2026-11-29", box) and not in_inbox(tmp_path, box)
+
+
+def test_archive_moves_files_under_processed_date_and_never_overwrites(tmp_path):
+    from sentcl.domain import archive
+
+    box = tmp_path / "inbox"
+    (box / "team-a").mkdir(parents=True)
+    (box / "a.txt").write_text("first\n")
+    (box / "team-a" / "b.txt").write_text("b\n")
+    archive([box / "a.txt", box / "team-a" / "b.txt"], box, "2026-11-30")
+    (box / "a.txt").write_text("second\n")  # the same name again, the same day
+    archive([box / "a.txt"], box, "2026-11-30")
+    day = box / "processed" / "2026-11-30"
+    assert (day / "a.txt").read_text() == "first\n" and (day / "a.1.txt").read_text() == "second\n"
+    assert (day / "team-a" / "b.txt").read_text() == "b\n"
+    assert sorted(p.name for p in box.iterdir()) == ["processed", "team-a"] and not any(
+        (box / "team-a").iterdir()
+    )
+
+
+def test_reading_only_the_new_files_fingerprints_only_them(tmp_path):
+    from sentcl.domain import read_domain_text
+
+    (tmp_path / "a.txt").write_text("one sentence\ntwo sentences\n")
+    (tmp_path / "b.txt").write_text("three sentences\nfour sentences\n")
+    whole = read_domain_text(tmp_path)
+    only_b = read_domain_text(tmp_path, files=[tmp_path / "b.txt"])
+    assert only_b.sentences == ["three sentences", "four sentences"] and only_b.files == [tmp_path / "b.txt"]
+    assert (
+        only_b.sha256 != whole.sha256 == read_domain_text(tmp_path, files=sorted(tmp_path.iterdir())).sha256
+    )
+
+
 # --- the transfer stage -----------------------------------------------------------------------------------
 
 
@@ -377,7 +430,7 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
     ]
     main(
         [*common, "--text", str(text), "--dev", str(dev), "--test", str(test), "--from", model]
-        + ["--method", "tsdae+contrastive", "--steps", "2", "--backend", "torch"]  # both objectives, chained
+        + ["--method", "tsdae+contrastive", "--steps", "2", "--tsdae-steps", "3", "--backend", "torch"]
         + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
     )
     out = capsys.readouterr().out
@@ -388,11 +441,8 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
         "tsdae",
         "contrastive",
     ]
-    assert all(
-        r["steps"] == 2 and r["selected_on"] == "domain_dev"
-        for m in result["methods"].values()
-        for r in m["runs"]
-    )
+    runs = result["methods"]["tsdae+contrastive"]["runs"]  # both objectives, chained
+    assert [r["steps"] for r in runs] == [3, 2] and all(r["selected_on"] == "domain_dev" for r in runs)
     # "before" is the starting model scored on the held-out pairs, checked here with sentcl's own encoder.
     encoder = Encoder.from_pretrained(model)
     expected = STSEvaluator(test_pairs)(lambda s: encoder.encode(s, pooling="last-avg"))
@@ -401,3 +451,47 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
         assert set(method["after"]) == {"test", "stsb_dev", "domain_dev"}
     # the second run of tsdae+contrastive started from the first's output
     assert result["methods"]["tsdae+contrastive"]["runs"][1]["init"].endswith("tsdae-contrastive-0")
+    # the gate's rule on STS-B dev and the domain dev set, before vs after; nothing registered anywhere
+    gate = result["methods"]["tsdae+contrastive"]["gate"]
+    assert gate["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out
+    assert any(r.startswith("stsb_dev ") for r in gate["reasons"])
+
+
+def test_bench_domain_from_champion_without_one_is_one_line_exit_2(stage_args, tmp_path, monkeypatch, capsys):
+    from benchmarks.bench_domain import main
+
+    args, _, _ = stage_args
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'empty.db'}")
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["--params", args[args.index("--params") + 1], "--processed", args[args.index("--processed") + 1]]
+            + ["--from", "champion", "--work", str(tmp_path / "work")]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (MLflow logs creating the scratch store first)
+    assert err.startswith("--from champion: 'sentcl-encoder' has no 'champion' version")
+
+
+def test_bench_domain_reads_dev_and_test_with_the_transfer_stage_reader(stage_args, tmp_path, capsys):
+    from benchmarks.bench_domain import main
+
+    args, _, _ = stage_args
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    (tmp_path / "bad.tsv").write_text("a\tb\t1\nc\td\n")
+    write_pairs(tmp_path / "dev.tsv", DOMAIN_DEV)
+    common = [
+        "--params",
+        args[args.index("--params") + 1],
+        "--processed",
+        args[args.index("--processed") + 1],
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            [*common, "--text", str(tmp_path / "text.txt"), "--dev", str(tmp_path / "dev.tsv")]
+            + ["--test", str(tmp_path / "bad.tsv"), "--work", str(tmp_path / "work")]
+        )
+    assert exit_info.value.code == 2
+    assert (
+        capsys.readouterr().err.strip()
+        == f"--test {tmp_path / 'bad.tsv'}:2: expected sentence1<TAB>sentence2<TAB>score"
+    )

@@ -116,6 +116,45 @@ def test_watcher_reports_a_landed_file_once_it_stops_growing(tmp_path):
     assert [p.name for p in seen] == ["new.txt"]
 
 
+def test_watcher_ignores_what_a_retrain_archives(tmp_path):
+    """A move into processed/ (what a retrain does with what it read) is no arrival, even where the watch sees
+    into subfolders (watchdog reports such a move as FileMovedEvent on some platforms and backends)."""
+    from watchdog.events import FileCreatedEvent, FileMovedEvent
+
+    from flows.watch import InboxHandler
+    from sentcl.domain import archive
+
+    seen: list[Path] = []
+    handler = InboxHandler(emit=seen.append, settle_s=0.1, folder=tmp_path)
+    (tmp_path / "new.txt").write_text("a sentence\nanother one\n")
+    (moved,) = archive([tmp_path / "new.txt"], tmp_path, "2026-11-30")
+    handler.on_moved(FileMovedEvent(str(tmp_path / "new.txt"), str(moved)))
+    handler.on_created(FileCreatedEvent(str(moved)))
+    (tmp_path / "other.txt").write_text("a third sentence\n")
+    handler.on_created(FileCreatedEvent(str(tmp_path / "other.txt")))
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(0.5)
+    assert [p.name for p in seen] == ["other.txt"]
+
+
+def test_a_triggered_run_naming_an_archived_file_has_nothing_new(tmp_path, monkeypatch):
+    from flows.retrain import new_files
+
+    box = tmp_path / "inbox"
+    (box / "processed" / "2026-11-30").mkdir(parents=True)
+    done = box / "processed" / "2026-11-30" / "a.txt"
+    done.write_text("one\ntwo\n")
+    (box / "b.txt").write_text("three\nfour\n")
+    (tmp_path / "mine.txt").write_text("five\nsix\n")
+    monkeypatch.setenv("SENTCL_INBOX", str(box))
+    assert new_files(str(done), "event") == [] and new_files(str(box / "gone.txt"), "event") == []
+    assert new_files(str(box), "schedule") == [(box / "b.txt").resolve()]
+    assert new_files(str(done), "manual") is None  # a person may train on an archived day again, unmoved
+    assert new_files(str(tmp_path / "mine.txt"), "manual") is None
+
+
 def test_watcher_event_reaches_the_prefect_server(prefect_server, tmp_path):
     from flows.watch import emit_arrival
 
@@ -126,7 +165,7 @@ def test_watcher_event_reaches_the_prefect_server(prefect_server, tmp_path):
 
 @pytest.mark.parametrize(
     ("content", "message"),
-    [(b"", "no sentences"), (b"\x00\x01binary\x00", "binary"), (b"same\nsame\nsame\n", "1 distinct")],
+    [(b"", "no usable text"), (b"\x00\x01binary\x00", "binary"), (b"same\nsame\nsame\n", "1 distinct")],
 )
 def test_retrain_refuses_bad_text_before_training(tmp_path, capsys, content, message):
     """Bad text stops the CLI with exit code 2 and a message, before any server, download or training."""
@@ -207,6 +246,163 @@ def test_retrain_flow_refuses_an_event_path_outside_the_inbox(prefect_server, tm
     assert state.is_failed()
     with pytest.raises(Exception, match="outside the inbox"):
         state.result()
+
+
+@pytest.fixture
+def tiny_inbox(tmp_path, monkeypatch):
+    """The retrain flow on a tiny model: its own params file and processed data, a scratch MLflow store, an
+    inbox with one archived file; no transfer step can beat its init (min_delta 1000), so no run registers."""
+    import yaml
+
+    from tests.tiny import make_tiny_encoder, tiny_sentences, write_tiny_processed
+
+    model = make_tiny_encoder(tmp_path / "hub")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["seed"], params["model"] = 1, {"name": str(model), "max_length": 12}
+    params["train"].update(eval_steps=1, patience=10, device="cpu", bf16=False, min_delta=1000.0)
+    params["transfer"].update(steps=2, batch_size=8, lr=1e-3)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    box = tmp_path / "inbox"
+    (box / "processed" / "2026-11-01").mkdir(parents=True)
+    (box / "processed" / "2026-11-01" / "old.txt").write_text("\n".join(tiny_sentences(10, seed=3)) + "\n")
+    monkeypatch.setenv("SENTCL_INBOX", str(box))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.setattr("flows.retrain.RUNS", tmp_path / "runs")
+    options = {
+        "params": str(tmp_path / "params.yaml"),
+        "processed": str(write_tiny_processed(tmp_path / "data")),
+    }
+    return box, options
+
+
+@pytest.mark.slow  # ~45 s on 2 busy cores: a real transfer subprocess and a fresh MLflow store
+def test_nightly_inbox_run_reads_only_new_files_archives_them_and_skips_a_binary_one(
+    prefect_server, tiny_inbox, caplog
+):
+    """The scheduled run reads what is outside processed/, warns once about a file that is not text, leaves an
+    upload in progress alone, registers nothing when no step beat the init, archives what it read, removes
+    its work folder; the next night, with nothing new, it ends at once."""
+    from mlflow import MlflowClient
+
+    from flows.retrain import RUNS, retrain
+    from tests.tiny import tiny_sentences
+
+    box, options = tiny_inbox
+    new = tiny_sentences(30, seed=5)
+    (box / "new.txt").write_text("\n".join(new + new[:3]) + "\n")  # repeats are read once
+    (box / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (box / "upload.txt.part").write_text("half a sen")
+    caplog.clear()
+    result = retrain(str(box), trigger="schedule", **options)
+
+    log = "\n".join(r.getMessage() for r in caplog.records)
+    assert result["status"] == "no gain" and result["registered_version"] is None
+    assert "no step of contrastive beat its init" in log and "nothing registered" in log
+    assert MlflowClient().search_registered_models() == []
+    assert result["text"]["files"] == [str((box / "new.txt").resolve())]  # not old.txt, not the upload
+    assert result["text"]["sentences"] == len(new)
+    assert list(result["text"]["skipped"]) == [str((box / "photo.png").resolve())]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len([w for w in warnings if "photo.png: skipped" in w]) == 1
+    assert [r["objective"] for r in result["runs"]] == ["contrastive"] and not result["runs"][0]["beat_init"]
+
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    archived = sorted(p.relative_to(box).as_posix() for p in box.rglob("*") if p.is_file())
+    assert archived == sorted(
+        [
+            f"processed/{day}/new.txt",
+            f"processed/{day}/photo.png",
+            "processed/2026-11-01/old.txt",  # where it was
+            "upload.txt.part",  # still being written: a later run reads it
+        ]
+    )
+    assert not RUNS.exists() or not any(RUNS.iterdir())  # the work folder is gone
+
+    (box / "upload.txt.part").unlink()
+    started = time.monotonic()
+    again = retrain(str(box), trigger="schedule", **options)
+    assert again == {"status": "nothing new", "registered_version": None, "archived": []}
+    assert "nothing new" in caplog.records[-2].getMessage() + caplog.records[-1].getMessage()
+    assert time.monotonic() - started < 30  # no training, no download: it ends at once
+
+
+@pytest.mark.slow  # ~60 s on 2 busy cores: two real transfer subprocesses
+def test_a_manual_tsdae_then_contrastive_run_selects_on_the_domain_dev_set_and_moves_nothing(
+    prefect_server, tiny_inbox, tmp_path
+):
+    """retrain.method tsdae+contrastive: TSDAE, then the contrastive transfer from its output, each selecting
+    on --domain-dev; a person's own file outside the inbox is read where it is; --keep leaves the work folder."""
+    from flows.retrain import retrain
+    from tests.tiny import tiny_sentences
+
+    _, options = tiny_inbox
+    text = tmp_path / "mine.txt"
+    text.write_text("\n".join(tiny_sentences(30, seed=9)) + "\n")
+    sentences = tiny_sentences(40, seed=11)
+    dev = tmp_path / "dev.tsv"
+    dev.write_text("".join(f"{sentences[i]}\t{sentences[i + 1]}\t{i % 5}\n" for i in range(0, 40, 2)))
+    result = retrain(str(text), domain_dev=str(dev), method="tsdae+contrastive", keep=True, **options)
+    assert result["status"] == "no gain" and result["archived"] == [] and text.is_file()
+    tsdae, contrastive = result["runs"]
+    assert (tsdae["objective"], contrastive["objective"]) == ("tsdae", "contrastive")
+    assert all(r["selected_on"] == "domain_dev" for r in result["runs"])
+    assert contrastive["init"] == str(
+        Path(result["work_dir"]) / "models" / f"retrain-{result['domain_text_sha256'][:8]}-tsdae"
+    )
+    assert (Path(result["work_dir"]) / "texts.txt").read_text().splitlines() == tiny_sentences(30, seed=9)
+
+
+def test_an_inbox_of_files_with_no_usable_text_stops_in_one_line_and_keeps_them(prefect_server, tiny_inbox):
+    from flows.retrain import retrain
+
+    box, options = tiny_inbox
+    (box / "photo.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR")
+    (box / "utf16.txt").write_text("a man is eating\n", encoding="utf-16")
+    state = retrain(str(box), trigger="schedule", return_state=True, **options)
+    assert state.is_failed()
+    with pytest.raises(Exception, match="no usable text") as failure:
+        state.result()
+    assert "\n" not in str(failure.value)
+    assert (box / "photo.png").exists() and (box / "utf16.txt").exists()  # nothing archived
+
+
+def test_two_runs_on_the_same_text_get_their_own_work_folders_removed_unless_kept(tmp_path, monkeypatch):
+    from flows import retrain as module
+
+    monkeypatch.setattr(module, "RUNS", tmp_path / "runs")
+    monkeypatch.setenv("SENTCL_INBOX", str(tmp_path / "inbox"))
+    first, second = module.work_folder("ab" * 32), module.work_folder("ab" * 32)
+    assert first != second and first.parent == second.parent == tmp_path / "runs"
+    for work in (first, second):
+        (work / "checkpoints" / "s").mkdir(parents=True)
+        (work / "export").mkdir()
+    removed = module.finish({}, None, first, keep=False)
+    kept = module.finish({}, None, second, keep=True)
+    assert not first.exists() and removed["work_dir"] is None and removed["archived"] == []
+    assert (second / "export").is_dir() and not (second / "checkpoints").exists() and "work_dir" not in kept
+
+
+def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from flows import retrain as module
+    from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_method
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert retrain_method(params) == params["retrain"]["method"] in RETRAIN_METHODS
+    assert RETRAIN_METHODS["tsdae+contrastive"] == ("tsdae", "contrastive")
+    for bad, message in (
+        ({"method": "tsdae+magic"}, "retrain.method 'tsdae+magic' is not one of"),
+        ({"method": "tsdae", "steps": 3}, "unknown key 'steps' in section 'retrain'"),
+        (None, "section 'retrain' is missing"),
+    ):
+        with pytest.raises(RetrainConfigError, match=message.replace("+", r"\+")):
+            retrain_method({**params, "retrain": bad})
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    monkeypatch.setattr(module, "load_params", lambda path=None: {**params, "retrain": {"method": "gpl"}})
+    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "retrain.method 'gpl'" in err and len(err.splitlines()) == 1
 
 
 @pytest.mark.parametrize(

@@ -237,6 +237,9 @@ def test_kubernetes_job_mounts_the_inbox_the_k8s_retrain_reads():
     name = next(n for n, path in mounts.items() if inbox == path or inbox.startswith(path + "/"))
     assert "persistentVolumeClaim" in volumes[name]
     assert retrain_k8s["work_pool"]["job_variables"]["env"]["SENTCL_INBOX"] == inbox
+    # Writable: the run archives what it read to <inbox>/processed/<date>/ (no state store).
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == name)
+    assert not mount.get("readOnly") and not volumes[name]["persistentVolumeClaim"].get("readOnly")
 
 
 def test_make_stop_leaves_a_reused_pid_alone(tmp_path):
