@@ -7,7 +7,7 @@ alternate (eager, compiled, eager, ...) so that a shared machine slows both alik
 every compilation (the first step, and recompiles when a batch's padded length changes): what a stage run pays.
 Evaluation is left out of both (it runs the same encoder: compiling it costs one more compilation, never less).
 
-    python -m benchmarks.bench_compile                 # params.yaml's transfer.steps (60) of batch 64
+    python -m benchmarks.bench_compile                 # params.yaml's transfer.steps and batch size
     python -m benchmarks.bench_compile --steps 10      # shorter
 """
 

@@ -82,10 +82,23 @@ def weights_digest(folder: Path) -> str:
             if path.name == "README.md":
                 continue
             h.update(str(path.relative_to(folder)).encode())
+            if path.name == "tokenizer.json":
+                h.update(_tokenizer_without_call_state(path))
+                continue
             with open(path, "rb") as f:
                 for block in iter(lambda f=f: f.read(1 << 20), b""):
                     h.update(block)
     return h.hexdigest()
+
+
+def _tokenizer_without_call_state(path: Path) -> bytes:
+    """tokenizer.json minus ``truncation`` and ``padding``: the state of the last call that saved it (the bundled
+    model keeps 128 / fixed, a trained folder 64 / longest), which every encoder here overrides per call (FastEncoder
+    truncates to the folder's max_seq_length and pads itself), so it cannot change a vector."""
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec.pop("truncation", None)
+    spec.pop("padding", None)
+    return json.dumps(spec, sort_keys=True).encode()
 
 
 def model_pooling(

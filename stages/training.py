@@ -21,6 +21,7 @@ from typing import Any, NoReturn
 import pandas as pd
 import torch
 
+from sentcl.domain import DomainTextError, read_domain_text
 from sentcl.encoder import Encoder
 from sentcl.losses import NLI_LABEL_IDS
 from sentcl.senteval import consert_corpus
@@ -95,53 +96,15 @@ def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Pat
     return read_texts(Path(choice))
 
 
-# Names of files still being written (an upload, a download): never read, whatever their bytes.
-UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")
-
-
 def read_texts(path: Path) -> list[str]:
-    """Domain sentences: a text file (one a line) or a folder of them (every file below it but hidden ones);
-    blank lines and repeats dropped.
-
-    A file that is not UTF-8 text (NUL bytes: binary or UTF-16; undecodable bytes) or is unfinished (``.part``)
-    is skipped with one warning line naming it; the others are read. No usable text at all: one line, exit 2.
-    Long lines are kept: the tokenizer truncates them (``count_truncated`` counts them for the run's summary).
-    """
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(f for f in path.rglob("*") if f.is_file() and not _hidden(f.relative_to(path)))
-    else:
-        files = [path]
-    sentences: dict[str, None] = {}
-    for file in files:
-        text = _text_of(file)
-        if text is not None:
-            sentences.update(dict.fromkeys(line.strip() for line in text.splitlines() if line.strip()))
-    if not sentences:
-        fail(
-            f"{path}: no usable text (every file empty, skipped or not UTF-8 text; {len(files)} file(s) seen)"
-        )
-    return list(sentences)
-
-
-def _hidden(relative: Path) -> bool:
-    return any(part.startswith(".") for part in relative.parts)
-
-
-def _text_of(file: Path) -> str | None:
-    """The file's text, or None after one warning line saying why it is skipped."""
-    if file.name.lower().endswith(UNFINISHED_SUFFIXES):
-        log.warning("%s: skipped, an unfinished upload or download (%s)", file, file.suffix)
-        return None
-    data = file.read_bytes()
-    if b"\x00" in data:
-        log.warning("%s: skipped, not UTF-8 text (NUL bytes: binary, or UTF-16)", file)
-        return None
+    """Domain sentences from a text file (one a line) or a folder of them, read as the retraining flow reads its
+    inbox (``sentcl.domain.read_domain_text``: hidden, unfinished and non-UTF-8 files skipped with one warning
+    line each; whitespace collapsed; repeats dropped). Long lines are kept: the tokenizer truncates them
+    (``count_truncated`` counts them for the run's summary). No usable text: one line, exit 2."""
     try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        log.warning("%s: skipped, not UTF-8 text (byte %d: %s)", file, exc.start, exc.reason)
-        return None
+        return read_domain_text(path, warn=log.warning).sentences
+    except DomainTextError as exc:
+        fail(str(exc))
 
 
 def count_truncated(texts: list[str], tokenizer: Any, max_length: int) -> int:

@@ -1,10 +1,13 @@
-"""Session-wide test settings: no test writes to the repository's own MLflow store."""
+"""Session-wide test settings (no test writes to the repository's own MLflow store) and the tiny encoders
+the training tests share; a module that needs another tiny model defines its own fixture of the same name."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.tiny import make_tiny_encoder
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -18,3 +21,15 @@ def _scratch_mlflow_store(tmp_path_factory):
     yield
     if previous is None:
         os.environ.pop("MLFLOW_TRACKING_URI", None)
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """A tiny BERT sentence-transformers folder with dropout (two passes differ), fresh per test module."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="module")
+def still_model(tmp_path_factory):
+    """The same without dropout: the only randomness left is the views'."""
+    return make_tiny_encoder(tmp_path_factory.mktemp("still"), dropout=0.0)

@@ -23,16 +23,6 @@ DOMAIN_DEV = [(TEXTS[i], TEXTS[i + 3], float(i % 4)) for i in range(20, 60, 2)]
 PROBE = ["a man is playing the guitar"]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def still_model(tmp_path_factory):
-    return make_tiny_encoder(tmp_path_factory.mktemp("still"), dropout=0.0)
-
-
 # --- the selection rule -----------------------------------------------------------------------------------
 
 
@@ -430,7 +420,7 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
     ]
     main(
         [*common, "--text", str(text), "--dev", str(dev), "--test", str(test), "--from", model]
-        + ["--method", "tsdae+contrastive", "--steps", "2", "--tsdae-steps", "3", "--backend", "torch"]
+        + ["--method", "tsdae", "tsdae+contrastive", "--steps", "2", "--tsdae-steps", "3", "--backend", "torch"]
         + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
     )
     out = capsys.readouterr().out
@@ -449,8 +439,10 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
     assert result["before"]["test"] == pytest.approx(expected, abs=0.01)
     for method in result["methods"].values():
         assert set(method["after"]) == {"test", "stsb_dev", "domain_dev"}
-    # the second run of tsdae+contrastive started from the first's output
-    assert result["methods"]["tsdae+contrastive"]["runs"][1]["init"].endswith("tsdae-contrastive-0")
+    # tsdae+contrastive continued from the very TSDAE run of `tsdae` instead of training it again
+    assert result["methods"]["tsdae+contrastive"]["runs"][1]["init"].endswith("tsdae-0")
+    assert result["methods"]["tsdae+contrastive"]["runs"][0] == result["methods"]["tsdae"]["runs"][0]
+    assert not (tmp_path / "work" / "tsdae-contrastive-0").exists() and "reusing the tsdae run" in out
     # the gate's rule on STS-B dev and the domain dev set, before vs after; nothing registered anywhere
     gate = result["methods"]["tsdae+contrastive"]["gate"]
     assert gate["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out

@@ -312,6 +312,27 @@ def test_bundled_minilm_reproduces_its_published_mteb_scores():
         assert result["all"][task] == pytest.approx(score, abs=0.05), task
 
 
+def test_weights_digest_ignores_the_tokenizers_saved_call_state_but_not_its_vocabulary(tiny_model, tmp_path):
+    """The bundled model's tokenizer.json keeps truncation 128 / fixed padding, a trained folder 64 / longest;
+    no encoder here reads that state, so a stage that returns its init must still count as the same weights."""
+    import shutil
+
+    from stages.evaluate import weights_digest
+
+    same, other = tmp_path / "same", tmp_path / "other"
+    shutil.copytree(tiny_model, same)
+    shutil.copytree(tiny_model, other)
+    spec = json.loads((same / "tokenizer.json").read_text())
+    spec["truncation"] = {"direction": "Right", "max_length": 7, "strategy": "LongestFirst", "stride": 0}
+    spec["padding"] = None
+    (same / "tokenizer.json").write_text(json.dumps(spec, indent=3))
+    assert weights_digest(same) == weights_digest(tiny_model)
+    spec = json.loads((other / "tokenizer.json").read_text())
+    spec["model"]["vocab"]["[unused-extra]"] = len(spec["model"]["vocab"])
+    (other / "tokenizer.json").write_text(json.dumps(spec))
+    assert weights_digest(other) != weights_digest(tiny_model)
+
+
 def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_once(
     tiny_model, mini_data, tmp_path, monkeypatch
 ):

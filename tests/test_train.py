@@ -21,17 +21,6 @@ DEV = [(TEXTS[i], TEXTS[i + 1], float(i % 5)) for i in range(0, 40, 2)]
 NLI = [(TEXTS[i], TEXTS[(i * 7 + 3) % 64], i % 3) for i in range(48)]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    return make_tiny_encoder(tmp_path_factory.mktemp("tiny"))
-
-
-@pytest.fixture(scope="module")
-def still_model(tmp_path_factory):
-    """Without dropout: the only randomness left is the views'."""
-    return make_tiny_encoder(tmp_path_factory.mktemp("still"), dropout=0.0)
-
-
 def fit(model_dir, examples=TEXTS, **config) -> tuple[Encoder, object]:
     encoder = Encoder.from_pretrained(str(model_dir))
     values = {
