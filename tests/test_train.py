@@ -286,6 +286,23 @@ def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
     assert "-S=joint.view.token_cutoff=0.1" in flags and '-S=transfer.texts="consert"' in flags
 
 
+def test_no_cpu_default_in_a_stage_section_shadows_a_profiles_train_setting():
+    """A stage's section wins over `train`: a key params.yaml sets in a stage section (transfer.eval_steps for the
+    CPU profile) would silently beat a profile's `train` value unless the profile sets that section's key too."""
+    from stages.common import ROOT
+    from stages.profile import merge
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    stages = ("pretrain_nli", "joint", "transfer")
+    for path in sorted((ROOT / "profiles").glob("*.yaml")):
+        profile = yaml.safe_load(path.read_text())
+        merged = merge(params, profile)
+        for key, value in (profile.get("train") or {}).items():
+            for stage in stages:
+                if key in params[stage]:
+                    assert merged[stage][key] == profile.get(stage, {}).get(key, value), (path.name, stage, key)
+
+
 def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
     """`stages.profile --smoke`: a profile meant for a GPU still builds valid configs and trains."""
     from stages import profile
