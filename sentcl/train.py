@@ -165,6 +165,12 @@ class TrainConfig:
             if not ok:
                 raise ConfigError(f"{key}: {rule}, got {getattr(self, key)!r}")
 
+        # A number written as text ("1e-5" reaches Python as a string under YAML 1.1) is named, not a TypeError.
+        for f in fields(self):
+            kinds = {"int": (int,), "float": (int, float)}.get(f.type.replace(" | None", ""))
+            value = getattr(self, f.name)
+            if kinds and not (value is None and "None" in f.type):
+                need(isinstance(value, kinds) and not isinstance(value, bool), f.name, f"a number ({f.type})")
         need(self.mode in MODES, "mode", f"one of {', '.join(MODES)}")
         choices = TRANSFER_OBJECTIVES if self.mode == "transfer" else OBJECTIVES
         need(self.objective in choices, "objective", f"one of {', '.join(choices)} in {self.mode} mode")

@@ -20,7 +20,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import yaml
+from sentcl import params_yaml
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -208,4 +208,4 @@ PROJECT = (
 
 def load_params_file(path: Path | None = None) -> dict[str, Any]:
     with open(path or PROJECT / "params.yaml") as f:
-        return yaml.safe_load(f) or {}
+        return params_yaml.load(f) or {}

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from sentcl import params_yaml
 from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import load_benchmark, score_vectors
 from sentcl.fast_encode import FastEncoder
@@ -223,10 +224,10 @@ def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) 
     p = json.loads(json.dumps(params))
     stage_keys = {k: v for k, v in overrides.items() if k in ("texts", "max_texts")}
     recipe = {k: v for k, v in overrides.items() if k not in stage_keys}
-    p["transfer"] = {**p["transfer"], **stage_keys, "steps": steps}
+    # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run. Set
+    # in the transfer section, which wins over `train` (params.yaml's transfer.eval_steps would shadow it there).
+    p["transfer"] = {**p["transfer"], **stage_keys, "steps": steps, "eval_steps": steps, "patience": 1}
     p["transfer"]["base"] = {**p["transfer"]["base"], **recipe}
-    # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run.
-    p["train"] = {**p.get("train", {}), "eval_steps": steps, "patience": 1}
     return p
 
 
@@ -373,7 +374,7 @@ def _plot_sweep(kind: str, rows: list[dict[str, Any]], meta: dict[str, Any], nam
 
 
 def _value(text: str) -> Any:
-    return yaml.safe_load(text)
+    return params_yaml.load(text)
 
 
 def main(argv: list[str] | None = None) -> int:

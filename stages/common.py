@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-import yaml
+from sentcl import params_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -22,7 +22,7 @@ SHARED_MIRROR = ROOT.parent / "shared" / "senteval"  # the team mirror beside a 
 
 def load_params(path: Path | None = None) -> dict[str, Any]:
     with open(path or ROOT / "params.yaml") as f:
-        return yaml.safe_load(f)
+        return params_yaml.load(f)
 
 
 def offline_hub() -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from sentcl import params_yaml
 from stages.common import ROOT, SHARED_MIRROR, load_params
 
 
@@ -48,7 +49,7 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
     existing = set(flatten(params if params is not None else load_params()))
-    overrides = flatten(yaml.safe_load(Path(profile).read_text()) or {})
+    overrides = flatten(params_yaml.load(Path(profile).read_text()) or {})
     # JSON is valid YAML, so DVC parses lists, null and numbers back to what the profile says.
     return [
         f"-S={'' if key in existing else '+'}{key}={json.dumps(value, separators=(',', ':'))}"
@@ -61,7 +62,7 @@ def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) ->
     from stages import base, joint, pretrain_nli, transfer
     from stages.training import TEXT_CHOICES
 
-    params = merge(load_params(), yaml.safe_load(Path(profile).read_text()) or {})
+    params = merge(load_params(), params_yaml.load(Path(profile).read_text()) or {})
     params["model"]["name"] = str(model)
     params["train"].update(eval_steps=1, device="cpu")
     texts = params["transfer"]["texts"]

@@ -321,7 +321,7 @@ def stage_args(tmp_path, monkeypatch):
     params = yaml.safe_load(open("params.yaml"))
     params["seed"], params["model"] = 1, {"name": str(model), "max_length": 12}
     params["train"].update(eval_steps=1, patience=10, device="cpu")
-    params["transfer"].update(steps=3, batch_size=8, lr=1e-3)
+    params["transfer"].update(steps=3, batch_size=8, lr=1e-3, eval_steps=1)
     params["transfer"]["tsdae"].update(lr=1e-3)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     args = ["--params", str(tmp_path / "params.yaml"), "--processed", str(processed), "--init", str(model)]

@@ -39,7 +39,7 @@ def setup(tmp_path):
     params = yaml.safe_load(open(os.path.join(ROOT, "params.yaml")))  # the real defaults, shortened
     params["seed"], params["model"] = 3, {"name": "unused", "max_length": 32}
     params["train"].update(eval_steps=40, save_steps=10, patience=1000, device="cpu")
-    params["transfer"].update(steps=120, batch_size=16, lr=2e-3)
+    params["transfer"].update(steps=120, batch_size=16, lr=2e-3, eval_steps=40)
     params["transfer"]["base"]["views"] = ["shuffle", "token_cutoff"]
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path

@@ -146,6 +146,8 @@ def test_presets_set_their_papers_recipe_and_dropout_is_never_derived_from_views
         ({"temperature": 0.0}, "temperature: greater than 0"),
         ({"eval_steps": 0}, "eval_steps: at least 1"),
         ({"lr": -1e-5}, "lr: not negative"),
+        ({"lr": "1e-05"}, r"lr: a number \(float\), got '1e-05'"),
+        ({"steps": True}, r"steps: a number \(int\)"),
         ({"view": {"dropout": 1.5}}, r"view.dropout must be in \[0, 1\)"),
     ],
 )
@@ -233,7 +235,7 @@ def test_the_three_stages_end_to_end(tmp_path):
     params["train"].update(eval_steps=2, patience=3, device="cpu")
     params["pretrain_nli"].update(steps=4, batch_size=8, lr=1e-3)
     params["joint"].update(steps=4, batch_size=8, lr=1e-3, views=["none", "adversarial"])
-    params["transfer"].update(steps=4, batch_size=16, lr=1e-3, max_texts=40)
+    params["transfer"].update(steps=4, batch_size=16, lr=1e-3, max_texts=40, eval_steps=2)
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     models, metrics, checkpoints = tmp_path / "models", tmp_path / "metrics", tmp_path / "checkpoints"
     common = ["--params", str(tmp_path / "params.yaml"), "--processed", str(processed)]
@@ -325,6 +327,8 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
     assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
     assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
     assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000
+    # STS-B dev only at the start and the end, whatever params.yaml's transfer section says
+    assert all(c.eval_steps == 30 and c.patience == 1 for c in configs)
 
 
 def test_aug_grid_single_cells_are_each_view_with_itself_and_with_none():
