@@ -420,7 +420,17 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
     ]
     main(
         [*common, "--text", str(text), "--dev", str(dev), "--test", str(test), "--from", model]
-        + ["--method", "tsdae", "tsdae+contrastive", "--steps", "2", "--tsdae-steps", "3", "--backend", "torch"]
+        + [
+            "--method",
+            "tsdae",
+            "tsdae+contrastive",
+            "--steps",
+            "2",
+            "--tsdae-steps",
+            "3",
+            "--backend",
+            "torch",
+        ]
         + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
     )
     out = capsys.readouterr().out

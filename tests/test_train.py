@@ -302,7 +302,11 @@ def test_no_cpu_default_in_a_stage_section_shadows_a_profiles_train_setting():
         for key, value in (profile.get("train") or {}).items():
             for stage in stages:
                 if key in params[stage]:
-                    assert merged[stage][key] == profile.get(stage, {}).get(key, value), (path.name, stage, key)
+                    assert merged[stage][key] == profile.get(stage, {}).get(key, value), (
+                        path.name,
+                        stage,
+                        key,
+                    )
 
 
 def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
