@@ -63,8 +63,26 @@ def use_bf16(setting: bool | str, device: torch.device, cpuinfo: Path | str = "/
     return False  # MPS and others: fp32 unless forced
 
 
+def describe_precision(
+    setting: bool | str, device: torch.device, cpuinfo: Path | str = "/proc/cpuinfo"
+) -> str:
+    """One line saying which arithmetic training runs in on ``device`` and why, for logs, CI and the report."""
+    value, enabled = parse_bf16(setting), use_bf16(setting, device, cpuinfo)
+    name = "bf16 autocast" if enabled else "fp32"
+    if value != "auto":
+        return f"{name} (train.bf16: {value}, forced)"
+    if device.type == "cpu":
+        native = "has" if cpu_has_native_bf16(cpuinfo) else "has no"
+        return f"{name} (train.bf16: auto; this CPU {native} native bf16)"
+    return f"{name} (train.bf16: auto on {device.type})"
+
+
 def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
     """bf16 autocast on ``device`` when ``enabled``; otherwise nothing (also on device types autocast lacks)."""
     if not enabled:
         return contextlib.nullcontext()
     return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+if __name__ == "__main__":  # `python -m sentcl.precision`: what `auto` picks here (printed by .ci/run)
+    print(f"training precision on this machine: {describe_precision('auto', torch.device('cpu'))}")

@@ -38,7 +38,7 @@ from tqdm.auto import tqdm
 from sentcl.encoder import Encoder
 from sentcl.model_pooling import ModelPooling
 from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
-from sentcl.precision import BF16_SETTINGS, use_bf16
+from sentcl.precision import BF16_SETTINGS, describe_precision, use_bf16
 from sentcl.prompt import PromptSettings, PromptTraining
 from sentcl.sts import STSEvaluator
 from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
@@ -715,6 +715,7 @@ class Trainer:
     def fit(self) -> TrainResult:
         cfg = self.cfg
         started = time.perf_counter()
+        log.info("precision: %s", describe_precision(cfg.bf16, self.device))
         resumed = self.load_state()
         if resumed:
             step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]

@@ -246,7 +246,16 @@ def run_stage(
     # Relative inside the repository: the metrics file is tracked in git and must not name one machine's paths.
     label = Path(init).resolve()
     label = str(label.relative_to(ROOT)) if label.is_relative_to(ROOT) else init
-    metrics = {**result.metrics(), "init": label, "examples": len(examples), **(summary or {})}
+    # precision: which arithmetic trained it (bf16 on CPUs with native bf16, fp32 elsewhere; sentcl.precision),
+    # so a score that differs between machines in the second decimal says why.
+    precision = "bf16" if trainer.autocast else "fp32"
+    metrics = {
+        **result.metrics(),
+        "init": label,
+        "examples": len(examples),
+        "precision": precision,
+        **(summary or {}),
+    }
     if rank == 0:
         tmp = output.with_name(output.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)

@@ -64,6 +64,7 @@ def repo(tmp_path_factory) -> Path:
         "stopped_early": False,
         "init": "models/joint",
         "examples": 26289,
+        "precision": "bf16",
     }
     (repo / "metrics" / "train").mkdir()
     for stage in TRAINING:

@@ -8,7 +8,7 @@ import torch
 import yaml
 
 from sentcl.encoder import Encoder
-from sentcl.precision import bf16_autocast, cpu_has_native_bf16, parse_bf16, use_bf16
+from sentcl.precision import bf16_autocast, cpu_has_native_bf16, describe_precision, parse_bf16, use_bf16
 from sentcl.train import Trainer
 from stages.common import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
@@ -169,3 +169,44 @@ def test_evaluation_is_fp32_and_equal_whatever_training_precision(tiny_model):
     np.testing.assert_array_equal(vectors, fp32.encoder.encode(TEXTS, batch_size=16, pooling="last-avg"))
     assert bf16.evaluate() == fp32.evaluate()
     assert dtypes == {torch.float32}
+
+
+def test_bf16_grad_accumulation_equals_one_large_batch_to_bf16_precision(tiny_model):
+    """The bf16 path of the exact-arithmetic test in test_train.py (which pins fp32): forced on, so it runs on every
+    CPU (emulated where bf16 is not native); micro-batches change the bf16 rounding, so the tolerance is bf16's."""
+
+    def weights_after(**config) -> dict[str, torch.Tensor]:
+        values = {"steps": 3, "batch_size": 8, "lr": 1e-3, "warmup_ratio": 0, "bf16": True, **config}
+        config = train_config(views=("none", "none"), encoder_dropout=False, **values)
+        run = Trainer(Encoder.from_pretrained(str(tiny_model)), config, TEXTS, DEV, progress=False)
+        assert run.autocast
+        for step in range(3):
+            run.train_step(run._rank_items(run.order.indices(step)), step + 1)
+        return {k: v.clone() for k, v in run.encoder.model.state_dict().items()}
+
+    whole, accumulated = weights_after(), weights_after(grad_accum=4)
+    init = Encoder.from_pretrained(str(tiny_model)).model.state_dict()
+    # Adam divides by the gradient's running RMS, so a weight whose gradient is near zero takes a step of either sign
+    # from bf16 rounding alone: compare the updates as a whole (relative L2 over all weights), not weight by weight.
+    step_whole = torch.cat([(whole[k] - init[k]).flatten() for k in whole])
+    step_acc = torch.cat([(accumulated[k] - init[k]).flatten() for k in whole])
+    assert step_whole.norm() > 1e-3  # the steps really moved the weights
+    relative = ((step_whole - step_acc).norm() / step_whole.norm()).item()
+    assert relative < 0.1, relative
+    # ... and the same comparison of two different seeds is far apart: the tolerance does discriminate.
+    other = weights_after(seed=7)
+    step_other = torch.cat([(other[k] - init[k]).flatten() for k in whole])
+    assert ((step_whole - step_other).norm() / step_whole.norm()).item() > 3 * relative
+
+
+@pytest.mark.parametrize(
+    "setting,flags,expected",
+    [
+        ("auto", SAPPHIRE_RAPIDS, "bf16 autocast (train.bf16: auto; this CPU has native bf16)"),
+        ("auto", AVX2_ONLY, "fp32 (train.bf16: auto; this CPU has no native bf16)"),
+        ("true", AVX2_ONLY, "bf16 autocast (train.bf16: true, forced)"),
+        (False, SAPPHIRE_RAPIDS, "fp32 (train.bf16: false, forced)"),
+    ],
+)
+def test_the_precision_line_names_the_arithmetic_and_why(tmp_path, setting, flags, expected):
+    assert describe_precision(setting, CPU, cpuinfo(tmp_path, flags)) == expected
