@@ -68,8 +68,10 @@ class Embedder:
         view: str = "none",
         adversarial_grad: torch.Tensor | None = None,
         capture: list[torch.Tensor] | None = None,
+        adversarial_base: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sentence vectors of ``view`` of ``batch``; ``capture`` receives the (perturbed) embedding output."""
+        """Sentence vectors of ``view`` of ``batch``; ``capture`` receives the (perturbed) embedding output;
+        ``adversarial_base`` is the clean pass's embedding output the adversarial noise is added to."""
         inputs = make_view(
             view,
             batch["input_ids"],
@@ -80,6 +82,7 @@ class Embedder:
             pad_id=self.pad_id,
             position_start=self.position_start,
             adversarial_grad=adversarial_grad,
+            adversarial_base=adversarial_base,
         )
         perturb = inputs.embedding_output
         hook = perturb
@@ -193,8 +196,9 @@ class Joint(Objective):
         loss = CE(u, v) + alpha * (C(premises view 1, view 2) + C(hypotheses view 1, view 2))
 
     The classifier reads the first view's pass; premises and hypotheses are contrasted separately, so a premise's
-    own hypothesis is never one of its negatives. With ``views[1] == "adversarial"`` the second view adds
-    ``eps * g / ||g||`` to the first pass's embedding output, g the gradient of the CE loss there.
+    own hypothesis is never one of its negatives. With ``views[1] == "adversarial"`` the second view's embedding
+    output is the first pass's plus ``eps * g / ||g||`` (per token), g the gradient of the CE loss at the first
+    pass's embedding output; the sum keeps the first pass's graph, as ConSERT's ``noise_embedding`` does.
     """
 
     examples = "pairs"
@@ -210,16 +214,17 @@ class Joint(Objective):
         first, second = self.contrastive.views
         batch = embed.tokenize(list(premises) + list(hypotheses))
         labels = torch.tensor(labels, device=embed.device)
-        grad = None
+        grad = base = None
         if second == "adversarial":
             captured: list[torch.Tensor] = []
             with torch.enable_grad():  # also inside gradient caching's no-grad pass
                 u, v = embed(batch, first, capture=captured).chunk(2)
                 ce = nli_loss(self.classifier.head, u, v, labels)
                 (grad,) = torch.autograd.grad(ce, captured[0], retain_graph=True)
+            base = captured[0]
         else:
             u, v = embed(batch, first).chunk(2)
-        p2, h2 = embed(batch, second, adversarial_grad=grad).chunk(2)
+        p2, h2 = embed(batch, second, adversarial_grad=grad, adversarial_base=base).chunk(2)
         return {"u": u, "v": v, "labels": labels, "p2": p2, "h2": h2}
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:

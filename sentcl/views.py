@@ -53,7 +53,9 @@ class ViewConfig:
     dropout: float
     span: float
     cutoff_paper_span: float
-    adversarial_eps: float  # norm of the perturbation of each token's embedding output (ConSERT --noise_norm)
+    adversarial_eps: (
+        float  # per-token norm of the perturbation (ConSERT noise_norm: 0.01 for contrastive-adversarial)
+    )
     word_repetition: float
 
     def __post_init__(self) -> None:
@@ -251,11 +253,16 @@ def make_view(
     pad_id: int = 0,
     position_start: int = 0,
     adversarial_grad: torch.Tensor | None = None,
+    adversarial_base: torch.Tensor | None = None,
 ) -> ViewInput:
     """Model inputs for the view ``name`` of a tokenized batch.
 
     ``adversarial`` needs ``adversarial_grad``: the gradient of the supervised loss with respect to the
-    embedding output of the unperturbed forward pass (joint training only).
+    embedding output of the unperturbed forward pass (joint training only). With ``adversarial_base`` (that
+    pass's embedding output, graph attached) the view's embedding output is ``base + noise``, whatever this
+    pass's own embedding block computes: ConSERT ``AdvCLSoftmaxLoss.forward`` builds
+    ``noise_embedding = embedding_output_a + noise_a`` from the clean pass and ``_replace_embedding_output``
+    returns it, so no second embedding-dropout mask is drawn. Without it the noise is added to this pass's own.
     """
     if name == "none":
         return ViewInput(input_ids, attention_mask)
@@ -288,10 +295,22 @@ def make_view(
                 "the adversarial view needs the supervised loss's gradient: use it in joint mode only"
             )
         noise = adversarial_noise(adversarial_grad, config.adversarial_eps)
-        fn = lambda output: output + noise.to(output.dtype)  # noqa: E731
+        if adversarial_base is None:
+            fn = lambda output: output + noise.to(output.dtype)  # noqa: E731
+        else:
+            fn = _replace(adversarial_base + noise.to(adversarial_base.dtype))
     else:
         raise ValueError(f"unknown view {name!r}; choose from {', '.join(VIEWS)}")
     return ViewInput(input_ids, attention_mask, embedding_output=fn)
+
+
+def _replace(embedding_output: torch.Tensor) -> EmbeddingOutputFn:
+    def fn(output: torch.Tensor) -> torch.Tensor:
+        if output.shape != embedding_output.shape:
+            raise ValueError(f"adversarial base {tuple(embedding_output.shape)} != {tuple(output.shape)}")
+        return embedding_output.to(output.dtype)
+
+    return fn
 
 
 def _multiply(keep: torch.Tensor) -> EmbeddingOutputFn:

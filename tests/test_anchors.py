@@ -1,0 +1,187 @@
+"""Where sentcl follows its anchors' code line by line, checked against independent transcriptions on tiny models.
+
+ConSERT (yym6472/ConSERT): the contrastive-adversarial view (``sentence_transformers/losses/AdvCLSoftmaxLoss.py``
+``forward`` with ``data_augmentation_strategy == "adv"``), span pooling (``transformers/modeling_bert.py``
+``_sample_span`` inside ``BertModel.forward``, pooling in sentence-transformers' ``Pooling`` with the features'
+own mask), shuffle (``_replace_position_ids``), the optimizer and schedule of sentence-transformers 0.3 ``fit``
+(``sentence_transformers/SentenceTransformer.py``, ``main.py``; transformers 3.x ``AdamW``). ESimCSE
+(caskcsg/sentemb ``ESimCSE/esimcse/models.py``, ``trainers.py`` ``compute_loss``): the momentum queue.
+Prompt-BERT (kongds/Prompt-BERT ``prompt_bert/models.py``): dropout in the delta pass.
+The transcriptions use the anchors' variable names and never call the sentcl function they check.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sentcl.encoder import Encoder
+from sentcl.objectives import Embedder, build_objective
+from tests.tiny import make_tiny_encoder, train_config
+
+PAIRS = [
+    ("a man is playing a guitar", "a man plays", 0),
+    ("two dogs on the street", "a cat", 2),
+    ("the woman is riding a red horse", "a woman rides", 0),
+    ("children playing ball", "kids are sitting", 1),
+]
+
+
+def mean_pool(last_hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """sentence-transformers 0.3 ``Pooling`` (mean tokens): sum of masked states over the mask's sum."""
+    m = mask.unsqueeze(-1).float()
+    return (last_hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
+
+
+def reps_to_output(linear: torch.nn.Linear, rep_a: torch.Tensor, rep_b: torch.Tensor) -> torch.Tensor:
+    """AdvCLSoftmaxLoss._reps_to_output with --concatenation_sent_max_square."""
+    vectors_concat = [rep_a, rep_b, torch.abs(rep_a - rep_b), torch.max(rep_a, rep_b).pow(2)]
+    return linear(torch.cat(vectors_concat, 1))
+
+
+# --- the adversarial view -----------------------------------------------------------------------------------
+
+
+def consert_adv_forward(model, linear, batch_a, batch_b, labels, noise_norm):
+    """AdvCLSoftmaxLoss.forward, the "adv" branch (steps 1-3), with BertModel's ``_most_recent_embedding_output``
+    and ``_replace_embedding_output`` (flag ``data_aug_adv``) as a forward hook on the embeddings module.
+    Returns rep_a, rep_b, adv_rep_a, adv_rep_b."""
+
+    def run(feature, noise_embedding=None):
+        recorded = []
+
+        def hook(_module, _args, embedding_output):
+            recorded.append(embedding_output)  # self._most_recent_embedding_output = embedding_output
+            return embedding_output if noise_embedding is None else noise_embedding
+
+        handle = model.embeddings.register_forward_hook(hook)
+        try:
+            out = model(input_ids=feature["input_ids"], attention_mask=feature["attention_mask"])
+        finally:
+            handle.remove()
+        return mean_pool(out.last_hidden_state, feature["attention_mask"]), recorded[0]
+
+    # 1. normal forward
+    rep_a, embedding_output_a = run(batch_a)
+    rep_b, embedding_output_b = run(batch_b)
+    output = reps_to_output(linear, rep_a, rep_b)
+    normal_loss = F.cross_entropy(output, labels.view(-1))
+    # 2. adversarial backward (the anchor zeroes the parameters' gradients afterwards: autograd.grad never sets them)
+    unnormalized_noise_a, unnormalized_noise_b = torch.autograd.grad(
+        normal_loss, [embedding_output_a, embedding_output_b], retain_graph=True
+    )
+    norm_a = unnormalized_noise_a.norm(p=2, dim=-1)
+    normalized_noise_a = unnormalized_noise_a / (norm_a.unsqueeze(dim=-1) + 1e-10)
+    norm_b = unnormalized_noise_b.norm(p=2, dim=-1)
+    normalized_noise_b = unnormalized_noise_b / (norm_b.unsqueeze(dim=-1) + 1e-10)
+    noise_a = noise_norm * normalized_noise_a
+    noise_b = noise_norm * normalized_noise_b
+    # 3. adversarial forward
+    noise_embedding_a = embedding_output_a + noise_a
+    noise_embedding_b = embedding_output_b + noise_b
+    adv_rep_a, _ = run(batch_a, noise_embedding_a)
+    adv_rep_b, _ = run(batch_b, noise_embedding_b)
+    return rep_a, rep_b, adv_rep_a, adv_rep_b
+
+
+def consert_contrastive(hidden1, hidden2, temperature):
+    """AdvCLSoftmaxLoss._contrastive_loss_forward (nt_xent, do_hidden_normalization)."""
+    batch_size = hidden1.shape[0]
+    hidden1, hidden2 = F.normalize(hidden1, p=2, dim=-1), F.normalize(hidden2, p=2, dim=-1)
+    labels = torch.arange(0, batch_size)
+    masks = F.one_hot(torch.arange(0, batch_size), num_classes=batch_size).float()
+    logits_aa = hidden1 @ hidden1.T / temperature - masks * 1e9
+    logits_bb = hidden2 @ hidden2.T / temperature - masks * 1e9
+    logits_ab = hidden1 @ hidden2.T / temperature
+    logits_ba = hidden2 @ hidden1.T / temperature
+    loss_a = F.cross_entropy(torch.cat([logits_ab, logits_aa], dim=1), labels)
+    loss_b = F.cross_entropy(torch.cat([logits_ba, logits_bb], dim=1), labels)
+    return loss_a + loss_b
+
+
+def test_adversarial_default_is_consert_noise_norm():
+    # AdvCLSoftmaxLoss.__init__ noise_norm=0.01; main.py passes --noise_norm only with --adv_training, which the
+    # contrastive-adversarial path (--add_cl, data_augmentation_strategy adv) does not set.
+    assert train_config(mode="joint").view.adversarial_eps == 0.01
+
+
+def test_adversarial_view_equals_consert_adv_branch_reps_loss_and_gradients(tmp_path):
+    """On a model without dropout: the four representations, the joint loss and every parameter's gradient equal
+    the anchor's arithmetic (noise along the CE gradient at the embedding output, added to the clean pass's
+    embedding output with its graph), with a noise large enough that its direction matters."""
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
+    eps = 0.5
+    config = train_config(
+        mode="joint",
+        views=("none", "adversarial"),
+        view={"adversarial_eps": eps},
+        max_square=True,
+        alpha=0.15,
+    )
+    objective = build_objective(config, encoder.dim)
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    encoder.model.train()
+    reps = objective.representations(embed, PAIRS)
+    loss = objective.loss(reps)
+
+    linear = objective.classifier.head.linear
+    labels = torch.tensor([label for _, _, label in PAIRS])
+    batch_a = encoder.tokenize([p for p, _, _ in PAIRS])
+    batch_b = encoder.tokenize([h for _, h, _ in PAIRS])
+    rep_a, rep_b, adv_rep_a, adv_rep_b = consert_adv_forward(
+        encoder.model, linear, batch_a, batch_b, labels, eps
+    )
+    for got, want in (
+        (reps["u"], rep_a),
+        (reps["v"], rep_b),
+        (reps["p2"], adv_rep_a),
+        (reps["h2"], adv_rep_b),
+    ):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    # The noise moves the representations (so the comparison above checks its direction).
+    assert (adv_rep_a - rep_a).norm() > 10 * 1e-5
+    # final_loss = loss_n_n + cl_rate * (contrastive_loss_a + contrastive_loss_b)
+    loss_n_n = F.cross_entropy(reps_to_output(linear, rep_a, rep_b), labels)
+    final_loss = loss_n_n + 0.15 * (
+        consert_contrastive(rep_a, adv_rep_a, 0.1) + consert_contrastive(rep_b, adv_rep_b, 0.1)
+    )
+    torch.testing.assert_close(loss, final_loss, rtol=1e-4, atol=1e-5)
+    params = [p for p in encoder.model.parameters() if p.requires_grad] + list(linear.parameters())
+    got = torch.autograd.grad(loss, params, allow_unused=True, retain_graph=True)
+    want = torch.autograd.grad(final_loss, params, allow_unused=True)
+    for g, w in zip(got, want, strict=True):
+        if w is None:
+            assert g is None or not g.abs().any()
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-3, atol=1e-6)
+
+
+def test_adversarial_pass_adds_the_noise_to_the_clean_pass_embedding_output(tmp_path):
+    """With dropout on, the adversarial pass's first-layer input is the clean pass's plus eps * g / ||g||, g the
+    CE loss's gradient there: not a fresh embedding pass with another dropout mask (AdvCLSoftmaxLoss step 3)."""
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.3)))
+    eps = 0.01
+    config = train_config(
+        mode="joint", views=("none", "adversarial"), view={"adversarial_eps": eps}, max_square=True
+    )
+    objective = build_objective(config, encoder.dim)
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    encoder.model.train()
+    seen: list[torch.Tensor] = []
+    handle = encoder.model.encoder.layer[0].register_forward_pre_hook(lambda _m, args: seen.append(args[0]))
+    try:
+        reps = objective.representations(embed, PAIRS)
+    finally:
+        handle.remove()
+    assert len(seen) == 2
+    clean, adversarial = seen
+    ce = F.cross_entropy(
+        reps_to_output(objective.classifier.head.linear, reps["u"], reps["v"]), reps["labels"]
+    )
+    (g,) = torch.autograd.grad(ce, clean, retain_graph=True)
+    expected = clean + eps * g / (g.norm(p=2, dim=-1, keepdim=True) + 1e-10)
+    torch.testing.assert_close(adversarial, expected, rtol=0, atol=1e-6)
+    # Real tokens move by exactly eps each (the noise is normalised per token).
+    mask = embed.tokenize([p for p, _, _ in PAIRS] + [h for _, h, _ in PAIRS])["attention_mask"].bool()
+    moved = (adversarial - clean).norm(dim=-1)[mask]
+    torch.testing.assert_close(moved, torch.full_like(moved, eps), rtol=1e-3, atol=1e-6)
