@@ -114,6 +114,10 @@ class Objective(nn.Module):
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
 
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        """What the momentum encoder's sentence vectors enter the queue as: the loss's own space."""
+        return z
+
 
 class Contrastive(Objective):
     """Unsupervised contrastive training on sentences: two views of each, pulled together (ConSERT unsup, SimCSE,
@@ -150,6 +154,12 @@ class Contrastive(Objective):
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return self.alpha * self.pair_loss(reps["z1"], reps["z2"], negatives)
+
+    @torch.no_grad()
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        """Through the same MLP head as the anchors (ESimCSE ``models.py`` ``cl_forward``: the momentum encoder's
+        ``pooler_output`` goes through ``cls.mlp`` before ``.detach()``), so the queue is in the anchors' space."""
+        return self.project(z).detach()
 
 
 class NLIClassifier(Objective):
@@ -226,6 +236,9 @@ class Joint(Objective):
             u, v = embed(batch, first).chunk(2)
         p2, h2 = embed(batch, second, adversarial_grad=grad, adversarial_base=base).chunk(2)
         return {"u": u, "v": v, "labels": labels, "p2": p2, "h2": h2}
+
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        return self.contrastive.queue_entries(z)
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         ce = self.classifier.loss(reps)
@@ -339,7 +352,8 @@ class MomentumQueue:
 
     Before each step the momentum encoder moves toward the encoder (``m = m * momentum + p * (1 - momentum)``)
     and embeds the batch's sentences in eval mode (no dropout); the loss uses the queue as it was, then the new
-    embeddings join it and the oldest beyond ``size`` leave.
+    embeddings join it and the oldest beyond ``size`` leave. The trainer passes the new embeddings through the
+    objective's ``queue_entries`` (the MLP head when ``projection`` is on) before they are pushed.
     """
 
     def __init__(self, model: nn.Module, size: int, momentum: float) -> None:

@@ -557,6 +557,7 @@ class Trainer:
         queued = None
         if self.queue is not None:
             queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
+            queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
         micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
         if len(micro) == 1:
             loss = self.loss(self.representations(micro[0]))

@@ -185,3 +185,89 @@ def test_adversarial_pass_adds_the_noise_to_the_clean_pass_embedding_output(tmp_
     mask = embed.tokenize([p for p, _, _ in PAIRS] + [h for _, h, _ in PAIRS])["attention_mask"].bool()
     moved = (adversarial - clean).norm(dim=-1)[mask]
     torch.testing.assert_close(moved, torch.full_like(moved, eps), rtol=1e-3, atol=1e-6)
+
+
+# --- ESimCSE's momentum queue -------------------------------------------------------------------------------
+
+
+def esimcse_entries(model, params, sentences, tokenizer, dense):
+    """trainers.py compute_loss: ``model.eval()``, then models.py cl_forward with ``disable_dropout`` and
+    ``momentum > 0``: the momentum model (``params``) on the sentences, pooled (sentcl: mean, the training
+    pooling; the anchor: cls), then ``cls.mlp`` (dense + tanh), ``.clone().detach()``."""
+    import copy
+
+    momentum_model = copy.deepcopy(model)
+    with torch.no_grad():
+        for param_m, value in zip(momentum_model.parameters(), params, strict=True):
+            param_m.copy_(value)
+        momentum_model.eval()
+        feature = tokenizer(
+            list(sentences), padding=True, truncation=True, max_length=32, return_tensors="pt"
+        )
+        out = momentum_model(input_ids=feature["input_ids"], attention_mask=feature["attention_mask"])
+        pooler_output = mean_pool(out.last_hidden_state, feature["attention_mask"])
+        return torch.tanh(F.linear(pooler_output, dense["weight"], dense["bias"])).clone().detach()
+
+
+def test_esimcse_queue_momentum_rule_eval_mode_projection_order_and_cap(tmp_path):
+    from sentcl.train import Trainer
+    from tests.tiny import tiny_sentences
+
+    texts = tiny_sentences(16, seed=3)
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.2)))
+    momentum, neg_size, bs = 0.5, 6, 4
+    config = train_config(
+        loss="info_nce",
+        views=("none", "word_repetition"),
+        temperature=0.05,
+        encoder_dropout=True,
+        alpha=1.0,
+        projection=True,
+        queue_size=neg_size,
+        momentum=momentum,
+        batch_size=bs,
+        steps=3,
+        lr=1e-2,
+        warmup_ratio=0.0,
+        bf16=False,
+    )
+    trainer = Trainer(encoder, config, texts, [(texts[0], texts[1], 1.0)] * 3, progress=False)
+    received: list[torch.Tensor] = []
+    loss_fn = trainer.objective.loss
+
+    def spy(reps, negatives=None):  # the real loss, recording the queue it was given
+        received.append(negatives.detach().clone())
+        return loss_fn(reps, negatives)
+
+    trainer.objective.loss = spy
+
+    def snapshot():
+        params = [p.detach().clone() for p in encoder.model.parameters()]
+        dense = {k: v.detach().clone() for k, v in trainer.objective.projection.dense.state_dict().items()}
+        return params, dense
+
+    p0, dense0 = snapshot()
+    m0 = p0  # the momentum model starts as a copy of the encoder
+    items1 = trainer._rank_items(trainer.order.indices(0))
+    trainer.train_step(items1, 1)
+    # models.py: param_m.data = param_m.data * momentum + param.data * (1. - momentum), param before the step
+    m1 = [m * momentum + p * (1 - momentum) for m, p in zip(m0, p0, strict=True)]
+    pre_z1 = esimcse_entries(encoder.model, m1, items1, encoder.tokenizer, dense0)
+    assert received[0].shape[0] == 0  # step 1: pre_z1 is None, no queue term
+    torch.testing.assert_close(trainer.queue.negatives, pre_z1, rtol=1e-5, atol=1e-6)
+
+    p1, dense1 = snapshot()
+    assert any(not torch.equal(a, b) for a, b in zip(p0, p1, strict=True))  # the step moved the encoder
+    items2 = trainer._rank_items(trainer.order.indices(1))
+    trainer.train_step(items2, 2)
+    m2 = [m * momentum + p * (1 - momentum) for m, p in zip(m1, p1, strict=True)]
+    eval_z = esimcse_entries(encoder.model, m2, items2, encoder.tokenizer, dense1)
+    # The loss of step 2 read the queue as it was (step 1's entries), then step 2's were pushed:
+    # self.pre_z1 = torch.cat((self.pre_z1, eval_z.clone()), 0)[-neg_size:]
+    torch.testing.assert_close(received[1], pre_z1, rtol=1e-5, atol=1e-6)
+    expected = torch.cat((pre_z1, eval_z), 0)[-neg_size:]
+    assert trainer.queue.negatives.shape == (neg_size, encoder.dim)
+    torch.testing.assert_close(trainer.queue.negatives, expected, rtol=1e-5, atol=1e-6)
+    for got, want in zip(trainer.queue.model.parameters(), m2, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
+    assert not trainer.queue.model.training  # eval mode: no dropout in the momentum encoder
