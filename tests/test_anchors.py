@@ -271,3 +271,166 @@ def test_esimcse_queue_momentum_rule_eval_mode_projection_order_and_cap(tmp_path
     for got, want in zip(trainer.queue.model.parameters(), m2, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
     assert not trainer.queue.model.training  # eval mode: no dropout in the momentum encoder
+
+
+# --- ConSERT's optimizer and schedule (sentence-transformers 0.3 fit) -----------------------------------------
+
+
+def transformers3_adamw_step(params, grads, state, lr, weight_decay, betas=(0.9, 0.999), eps=1e-6):
+    """transformers 3.x ``AdamW.step`` with ``correct_bias=False`` (ConSERT transformers/optimization.py)."""
+    import math
+
+    for p, grad in zip(params, grads, strict=True):
+        st = state.setdefault(id(p), {})
+        if len(st) == 0:
+            st["step"] = 0
+            st["exp_avg"] = torch.zeros_like(p.data)
+            st["exp_avg_sq"] = torch.zeros_like(p.data)
+        exp_avg, exp_avg_sq = st["exp_avg"], st["exp_avg_sq"]
+        beta1, beta2 = betas
+        st["step"] += 1
+        exp_avg.mul_(beta1).add_(grad, alpha=1.0 - beta1)
+        exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
+        denom = exp_avg_sq.sqrt().add_(eps)
+        step_size = lr
+        correct_bias = False
+        if correct_bias:
+            step_size = step_size * math.sqrt(1.0 - beta2 ** st["step"]) / (1.0 - beta1 ** st["step"])
+        p.data.addcdiv_(exp_avg, denom, value=-step_size)
+        if weight_decay > 0.0:
+            p.data.add_(p.data, alpha=-lr * weight_decay)
+
+
+def test_consert_optimizer_step_is_transformers3_adamw_without_bias_correction():
+    from sentcl.train import BertAdamW
+
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(4)]
+    grads = [[torch.randn_like(p) for p in start] for _ in range(3)]
+
+    def run(make):
+        params = [p.clone().requires_grad_(True) for p in start]
+        optimizer = make(
+            [{"params": [params[0]], "weight_decay": 0.01}, {"params": [params[1]], "weight_decay": 0.0}]
+        )
+        for step in grads:
+            for p, g in zip(params, step, strict=True):
+                p.grad = g.clone()
+            optimizer.step()
+        return [p.detach() for p in params]
+
+    ours = run(lambda groups: BertAdamW(groups, lr=0.1))
+    theirs = [p.clone() for p in start]
+    state: dict = {}
+    for step in grads:
+        transformers3_adamw_step([theirs[0]], [step[0]], state, 0.1, 0.01)
+        transformers3_adamw_step([theirs[1]], [step[1]], state, 0.1, 0.0)
+    for a, b in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    # torch's AdamW (bias correction, decay before the update) moves the same parameters elsewhere.
+    torch_adamw = run(lambda groups: torch.optim.AdamW(groups, lr=0.1, eps=1e-6))
+    assert not torch.allclose(torch_adamw[0], theirs[0], atol=1e-3)
+
+
+def test_consert_param_groups_and_schedule_follow_fit(tmp_path):
+    """fit(): ``no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight']`` over ``loss_model.named_parameters()``
+    (the model and the loss's classifier), weight_decay 0.01 for the rest; get_linear_schedule_with_warmup with
+    ConSERT main.py's ``warmup_steps = ceil(len(train_dataset) * num_epochs / train_batch_size * 0.1)``."""
+    import math
+
+    from sentcl.train import BertAdamW, Trainer
+
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
+    steps = 40
+    config = train_config(
+        mode="joint", optimizer="consert", steps=steps, batch_size=4, lr=2e-5, warmup_ratio=0.1, head_lr=2e-5
+    )
+    trainer = Trainer(encoder, config, PAIRS * 3, [(PAIRS[0][0], PAIRS[0][1], 1.0)] * 3, progress=False)
+    assert isinstance(trainer.optimizer, BertAdamW) and trainer.optimizer.defaults["eps"] == 1e-6
+    # the anchor's grouping, transcribed: param_optimizer = list(loss_model.named_parameters())
+    param_optimizer = [(f"model.{n}", p) for n, p in encoder.model.named_parameters()] + list(
+        trainer.objective.named_parameters()
+    )
+    no_decay = ["bias", "LayerNorm.bias", "LayerNorm.weight"]
+    expected = {id(p): 0.01 for n, p in param_optimizer if not any(nd in n for nd in no_decay)}
+    expected |= {id(p): 0.0 for n, p in param_optimizer if any(nd in n for nd in no_decay)}
+    got = {id(p): g["weight_decay"] for g in trainer.optimizer.param_groups for p in g["params"]}
+    assert got == expected
+    assert sum(len(g["params"]) for g in trainer.optimizer.param_groups) == len(got)  # each parameter once
+    assert {g["initial_lr"] for g in trainer.optimizer.param_groups} == {2e-5}
+    ln = encoder.model.embeddings.LayerNorm
+    assert got[id(ln.weight)] == 0.0 and got[id(encoder.model.embeddings.word_embeddings.weight)] == 0.01
+
+    # the schedule: lr_lambda of get_linear_schedule_with_warmup, stepped after each optimizer step
+    num_warmup_steps = math.ceil(steps * 0.1)
+
+    def lr_lambda(current_step):
+        if current_step < num_warmup_steps:
+            return float(current_step) / float(max(1, num_warmup_steps))
+        return max(0.0, float(steps - current_step) / float(max(1, steps - num_warmup_steps)))
+
+    seen = []
+    for _ in range(steps + 1):
+        seen.append(trainer.scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.scheduler.step()
+    assert seen[0] == 0.0  # the first step runs at lr 0: warm-up from 0
+    for step, lr in enumerate(seen):
+        assert math.isclose(lr, 2e-5 * lr_lambda(step), rel_tol=1e-9, abs_tol=1e-15), step
+
+
+def test_consert_warmup_count_matches_main_py_on_the_paper_corpus():
+    """main.py: warmup_steps = ceil(len(train_dataset) * num_epochs / train_batch_size * 0.1), t_total = 930 * epochs
+    (the DataLoader keeps the last, short batch: ceil(89,192 / 96) = 930 steps an epoch)."""
+    import math
+
+    from sentcl.train import consert_schedule
+
+    n, batch = 89192, 96
+    steps_per_epoch = math.ceil(n / batch)
+    assert steps_per_epoch == 930
+    for epochs in (10, 25):
+        t_total = steps_per_epoch * epochs
+        warmup_steps = math.ceil(n * epochs / batch * 0.1)
+        lam = consert_schedule(t_total, 0.1)
+        ours = next(s for s in range(t_total) if lam(s) >= 1.0)
+        # 10 epochs: 930 both; 25 epochs: ConSERT 2,323 (from the unrounded epoch length), sentcl 2,325
+        assert abs(ours - warmup_steps) <= 2 and (epochs != 10 or ours == warmup_steps)
+
+
+# --- the paper profile's step counts and ConSERT's corpus ----------------------------------------------------
+
+
+def test_paper_profile_counts_consert_dataloader_steps_and_uses_its_optimizer():
+    """torch DataLoader(shuffle=True, batch_size=96) keeps the last short batch: len(dataloader) = ceil(n / 96),
+    and fit() runs steps_per_epoch * epochs steps (unsup-consert-base.sh 10 epochs, the sup-unsup and
+    joint-unsup scripts 25)."""
+    import math
+
+    import yaml
+
+    from stages.common import ROOT
+
+    paper = yaml.safe_load((ROOT / "profiles" / "paper.yaml").read_text())
+    per_epoch = math.ceil(89192 / 96)
+    assert paper["transfer"]["base"]["steps"] == per_epoch * 10
+    assert paper["transfer"]["nli"]["steps"] == paper["transfer"]["joint"]["steps"] == per_epoch * 25
+    assert paper["pretrain_nli"]["steps"] == paper["joint"]["steps"] == math.ceil(942069 / 96)
+    assert paper["train"]["optimizer"] == "consert"
+
+
+def test_consert_corpus_is_its_89192_sentences():
+    """ConSERT README: "we merge all unlabeled texts from 7 STS datasets ... (total 89192 sentences)"."""
+    import os
+    from pathlib import Path
+
+    import pytest
+
+    from sentcl.senteval import consert_corpus
+
+    root = Path(__file__).resolve().parent.parent
+    mirror = Path(os.environ.get("SENTEVAL_MIRROR", root.parent / "shared" / "senteval"))
+    if not mirror.is_dir():
+        pytest.skip("the SentEval mirror is not beside the checkout (SENTEVAL_MIRROR)")
+    corpus = consert_corpus(mirror)
+    assert len(corpus) == 89192 and all(isinstance(s, str) and s.strip() for s in corpus)
