@@ -3,7 +3,8 @@
 ConSERT changes three things inside ``BertModel.forward`` (yym6472/ConSERT ``transformers/modeling_bert.py``):
 
 - ``shuffle`` permutes the position ids of each sentence's real tokens (``_replace_position_ids``);
-- ``span`` keeps one contiguous span of the input ids and masks the rest (``_sample_span``);
+- ``span`` keeps one contiguous span of the input ids and masks the rest (``_sample_span``); the sentence vector
+  still averages over the original mask, as sentence-transformers' ``Pooling`` reads it in ConSERT;
 - ``token_cutoff``, ``feature_cutoff``, ``dropout`` and ``adversarial`` replace the output of the embedding block,
   i.e. word + position + token-type embeddings after LayerNorm and dropout (``_replace_embedding_output``,
   ``_cutoff_embeddings``), so a cut token row is exactly zero when it enters the first transformer layer.
@@ -79,12 +80,14 @@ EmbeddingOutputFn = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class ViewInput:
-    """What the model receives for one view; ``embedding_output`` (if set) rewrites the embedding block's output."""
+    """What the model receives for one view; ``embedding_output`` (if set) rewrites the embedding block's output;
+    ``pool_mask`` (if set) is the mask the sentence vector averages over instead of ``attention_mask``."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor | None = None
     embedding_output: EmbeddingOutputFn | None = None
+    pool_mask: torch.Tensor | None = None
 
 
 # --- where the model is touched -----------------------------------------------------------------------------
@@ -273,8 +276,10 @@ def make_view(
             position_ids=shuffle_positions(attention_mask, position_start, generator),
         )
     if name == "span":
+        # ConSERT masks the span inside BertModel.forward; sentence-transformers' Pooling then averages with the
+        # features' own (original) attention mask: every real position, in or out of the span.
         ids, mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
-        return ViewInput(ids, mask)
+        return ViewInput(ids, mask, pool_mask=attention_mask)
     if name == "word_repetition":
         ids, mask = repeat_words(input_ids, attention_mask, config.word_repetition, pad_id, generator)
         return ViewInput(ids, mask)

@@ -434,3 +434,85 @@ def test_consert_corpus_is_its_89192_sentences():
         pytest.skip("the SentEval mirror is not beside the checkout (SENTEVAL_MIRROR)")
     corpus = consert_corpus(mirror)
     assert len(corpus) == 89192 and all(isinstance(s, str) and s.strip() for s in corpus)
+
+
+# --- span pooling, shuffle wiring, word repetition's specials ------------------------------------------------
+
+SENTENCES = ["a man is playing a guitar", "two dogs", "the woman is riding a red horse on the street"]
+
+
+def test_span_view_pools_with_the_original_mask(tmp_path):
+    """ConSERT: _sample_span changes BertModel.forward's local input_ids and attention_mask; the Transformer module
+    hands Pooling ``features['attention_mask']``, the original one, so the mean runs over every real position."""
+    from sentcl.views import ViewConfig, sample_span
+
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
+    rates = ViewConfig(0.1, 0.1, 0.1, 0.5, 0.1, 0.01, 0.3)
+    embed = Embedder(encoder, rates, torch.Generator().manual_seed(7), torch.device("cpu"))
+    features = embed.tokenize(SENTENCES)
+    with torch.no_grad():
+        got = embed(features, "span")
+        # the same span (sample_span itself is checked against ConSERT in test_views)
+        input_ids, attention_mask = sample_span(
+            features["input_ids"], features["attention_mask"], 0.5, 0, torch.Generator().manual_seed(7)
+        )
+        output_tokens = encoder.model(input_ids=input_ids, attention_mask=attention_mask)[0]
+        expected = mean_pool(output_tokens, features["attention_mask"])
+        span_only = mean_pool(output_tokens, attention_mask)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(expected, span_only, atol=1e-4)  # the two poolings differ here
+
+
+def test_shuffled_positions_reach_the_position_embeddings(tmp_path):
+    """The shuffle view's permuted ids are what the position-embedding table is read with (BertEmbeddings:
+    ``position_embeddings(position_ids)``), and the sentence vector changes with them."""
+    from sentcl.views import ViewConfig
+
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
+    rates = ViewConfig(0.1, 0.1, 0.1, 0.1, 0.1, 0.01, 0.3)
+    embed = Embedder(encoder, rates, torch.Generator().manual_seed(0), torch.device("cpu"))
+    features = embed.tokenize(SENTENCES)
+    read: list[torch.Tensor] = []
+    table = encoder.model.embeddings.position_embeddings
+    handle = table.register_forward_hook(lambda _m, args, _out: read.append(args[0].clone()))
+    try:
+        with torch.no_grad():
+            plain = embed(features, "none")
+            shuffled = embed(features, "shuffle")
+    finally:
+        handle.remove()
+    assert len(read) == 2
+    length = features["input_ids"].shape[1]
+    identity = torch.arange(length).expand(len(SENTENCES), -1)
+    assert torch.equal(read[0].expand(len(SENTENCES), -1), identity)
+    ids = read[1]
+    permuted = False
+    for row, n in enumerate(features["attention_mask"].sum(1).tolist()):
+        # _replace_position_ids: indexes = list(range(num_tokens)); random.shuffle(indexes); rest in order
+        assert sorted(ids[row, :n].tolist()) == list(range(n))
+        assert ids[row, n:].tolist() == list(range(n, length))
+        permuted |= ids[row, :n].tolist() != list(range(n))
+    assert permuted
+    assert not torch.allclose(plain, shuffled, atol=1e-5)
+
+
+def test_word_repetition_never_duplicates_cls_or_sep(tmp_path):
+    """ESimCSE train.py: ``dup = sorted(random.sample(range(1, input_len - 1), add_len))  # not [CLS]``: each
+    output row has exactly one [CLS], first, and one [SEP], last, over many draws and lengths."""
+    from sentcl.views import repeat_words
+    from tests.tiny import tiny_sentences
+
+    encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
+    cls_id, sep_id = encoder.tokenizer.cls_token_id, encoder.tokenizer.sep_token_id
+    features = encoder.tokenize(tiny_sentences(40, seed=2) + ["a", "a b"])
+    grew = 0
+    for seed in range(25):
+        ids, mask = repeat_words(
+            features["input_ids"], features["attention_mask"], 0.5, 0, torch.Generator().manual_seed(seed)
+        )
+        for row in range(ids.shape[0]):
+            new = ids[row, : int(mask[row].sum())].tolist()
+            assert new.count(cls_id) == 1 and new[0] == cls_id, new
+            assert new.count(sep_id) == 1 and new[-1] == sep_id, new
+            grew += len(new) > int(features["attention_mask"][row].sum())
+    assert grew > 100  # the view did repeat words
