@@ -405,7 +405,8 @@ def build_objective(config: Any, dim: int, encoder: Encoder | None = None) -> Ob
 def _promptbert(config: Any, dim: int, encoder: Encoder | None) -> PromptBERTObjective:
     """kongds/Prompt-BERT prompt_bert/models.py ``cl_forward``: transfer mode is run.sh unsup-bert (two templates,
     each denoised by its own delta, MLP head, InfoNCE); nli mode is sup-bert (anchor, entailment and contradiction
-    under the one template, each denoised, supervised SimCSE; sup-bert has no MLPLayer, ``projection`` is unused)."""
+    under the one template, each denoised, supervised SimCSE; sup-bert has no MLPLayer: ``TrainConfig`` refuses
+    ``projection`` in nli mode)."""
     if encoder is None:
         raise ValueError("the promptbert objective needs the encoder's tokenizer")
     sentences = config.mode == "transfer"

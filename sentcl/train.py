@@ -117,7 +117,9 @@ class TrainConfig:
     prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
-    projection: bool  # SimCSE's training-only MLP over the sentence vector
+    projection: (
+        bool  # SimCSE's training-only MLP over the sentence vector (unsupervised contrastive losses only)
+    )
     preset: str | None  # simcse | esimcse | promptbert: see PRESETS
     queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
     momentum: float
@@ -209,6 +211,15 @@ class TrainConfig:
         need(self.queue_size >= 0, "queue_size", "not negative")
         need(0 <= self.momentum < 1, "momentum", "in [0, 1)")
         need(not (tsdae and self.queue_size), "queue_size", "0 with tsdae (it has no negatives)")
+        # Only the unsupervised contrastive losses (transfer, joint's contrastive term) read the MLP head.
+        # Supervised SimCSE (princeton-nlp/SimCSE run_sup_example.sh: no --mlp_only_train) keeps its MLP at
+        # evaluation, which a saved folder cannot carry; the CE classifier and TSDAE have none.
+        need(
+            not self.projection or (self.mode != "nli" and not tsdae),
+            "projection",
+            f"false with objective {self.objective} in {self.mode} mode (no MLP head there: supervised SimCSE "
+            "keeps its MLP at evaluation, which a saved folder cannot carry)",
+        )
         need(0 <= self.deletion_ratio < 1, "deletion_ratio", "in [0, 1)")
         need(self.max_length >= 2, "max_length", "at least 2")
         need(self.eval_steps >= 1, "eval_steps", "at least 1")

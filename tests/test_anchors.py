@@ -12,6 +12,7 @@ The transcriptions use the anchors' variable names and never call the sentcl fun
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -516,3 +517,30 @@ def test_word_repetition_never_duplicates_cls_or_sep(tmp_path):
             assert new.count(sep_id) == 1 and new[-1] == sep_id, new
             grew += len(new) > int(features["attention_mask"][row].sum())
     assert grew > 100  # the view did repeat words
+
+
+# --- settings no objective would read ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "mode,overrides",
+    [
+        ("nli", {"objective": "sup_simcse", "projection": True}),
+        ("nli", {"objective": "ce", "projection": True}),
+        ("nli", {"objective": "promptbert", "projection": True}),
+        ("transfer", {"objective": "tsdae", "projection": True}),
+        ("transfer", {"optimizer": "sgd"}),
+    ],
+)
+def test_settings_no_objective_reads_stop_with_one_line(mode, overrides, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train_config(mode=mode, **overrides)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    key = next(iter(k for k in overrides if k != "objective"))
+    assert "\n" not in err and err.startswith(f"params.yaml: {key}: "), err
+
+
+def test_projection_still_trains_where_a_contrastive_loss_reads_it():
+    assert train_config(preset="simcse", projection=True).projection
+    assert train_config(mode="joint", projection=True).projection
