@@ -544,3 +544,45 @@ def test_settings_no_objective_reads_stop_with_one_line(mode, overrides, capsys)
 def test_projection_still_trains_where_a_contrastive_loss_reads_it():
     assert train_config(preset="simcse", projection=True).projection
     assert train_config(mode="joint", projection=True).projection
+
+
+# --- PromptBERT: the delta pass trains like the sentence pass ------------------------------------------------
+
+
+def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
+    """Prompt-BERT models.py cl_forward calls ``get_delta`` inside the training forward (HF Trainer's train mode:
+    BERT's dropout on) under ``torch.set_grad_enabled(not mask_embedding_sentence_delta_freeze)`` (default off:
+    gradient on). sentcl's delta passes (the template alone, with shifted position ids) must do the same."""
+    from transformers import AutoTokenizer, BertTokenizerFast
+
+    from sentcl.train import Trainer
+    from tests.tiny import tiny_sentences, tiny_vocab
+
+    folder = make_tiny_encoder(tmp_path, dropout=0.3)
+    if len(AutoTokenizer.from_pretrained(folder)) < len(set(tiny_vocab())):
+        BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    encoder = Encoder.from_pretrained(str(folder))
+    texts = tiny_sentences(8, seed=4)
+    config = train_config(preset="promptbert", batch_size=4, steps=1, bf16=False)
+    trainer = Trainer(encoder, config, texts, [(texts[0], texts[1], 1.0)] * 3, progress=False)
+    trainer._set_dropout()
+    deltas: list[tuple[bool, dict, torch.Tensor]] = []
+
+    def hook(module, _args, kwargs, output):
+        if kwargs.get("position_ids") is not None:  # get_delta passes d_position_ids; sentence passes do not
+            inputs = {k: v.detach().clone() for k, v in kwargs.items() if isinstance(v, torch.Tensor)}
+            deltas.append((module.training, inputs, output.last_hidden_state))
+
+    handle = encoder.model.register_forward_hook(hook, with_kwargs=True)
+    try:
+        trainer.representations(texts[:4])
+    finally:
+        handle.remove()
+    assert len(deltas) == 2  # one per template (delta, delta1)
+    for training, inputs, hidden in deltas:
+        assert training and hidden.requires_grad
+        encoder.model.eval()
+        with torch.no_grad():
+            without_dropout = encoder.model(**inputs).last_hidden_state
+        encoder.model.train()
+        assert not torch.allclose(hidden.detach(), without_dropout, atol=1e-4)  # dropout changed the delta
