@@ -132,11 +132,9 @@ class Encoder(nn.Module):
         input_ids: torch.Tensor | None,
         attention_mask: torch.Tensor,
         pooling: str | None = None,
-        pool_mask: torch.Tensor | None = None,
         **model_kwargs,
     ) -> torch.Tensor:
-        """Sentence vectors. ``model_kwargs`` reach the model (``inputs_embeds``, ``position_ids``, ...);
-        ``pool_mask`` (default ``attention_mask``) is what the average runs over (ConSERT's span view)."""
+        """Sentence vectors. ``model_kwargs`` reach the model (``inputs_embeds``, ``position_ids``, ...)."""
         pooling = pooling or self.pooling
         if pooling == "prompt":
             return self.prompt_pooler()(self.model, input_ids, attention_mask, **model_kwargs)
@@ -148,7 +146,7 @@ class Encoder(nn.Module):
             **model_kwargs,
         )
         hidden_states = output.hidden_states if needs_all_layers else (output.last_hidden_state,)
-        return pool(hidden_states, attention_mask if pool_mask is None else pool_mask, pooling)
+        return pool(hidden_states, attention_mask, pooling)
 
     @torch.inference_mode()
     def encode(

@@ -94,8 +94,6 @@ class Embedder:
                 return output
 
         kwargs = {} if inputs.position_ids is None else {"position_ids": inputs.position_ids}
-        if inputs.pool_mask is not None:
-            kwargs["pool_mask"] = inputs.pool_mask
         enabled = self.autocast_dtype is not None
         with (
             embedding_output_hook(self.encoder.model, hook),

@@ -3,8 +3,10 @@
 ConSERT changes three things inside ``BertModel.forward`` (yym6472/ConSERT ``transformers/modeling_bert.py``):
 
 - ``shuffle`` permutes the position ids of each sentence's real tokens (``_replace_position_ids``);
-- ``span`` keeps one contiguous span of the input ids and masks the rest (``_sample_span``); the sentence vector
-  still averages over the original mask, as sentence-transformers' ``Pooling`` reads it in ConSERT;
+- ``span`` keeps one contiguous span of the input ids and sets the rest to [PAD] (``_sample_span``); as in
+  ConSERT, attention and pooling keep the original mask (its extended attention mask is built before
+  ``_sample_span``, and sentence-transformers' ``Pooling`` reads the features' own mask), so the [PAD] positions
+  outside the span still attend and are averaged;
 - ``token_cutoff``, ``feature_cutoff``, ``dropout`` and ``adversarial`` replace the output of the embedding block,
   i.e. word + position + token-type embeddings after LayerNorm and dropout (``_replace_embedding_output``,
   ``_cutoff_embeddings``), so a cut token row is exactly zero when it enters the first transformer layer.
@@ -80,14 +82,12 @@ EmbeddingOutputFn = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass
 class ViewInput:
-    """What the model receives for one view; ``embedding_output`` (if set) rewrites the embedding block's output;
-    ``pool_mask`` (if set) is the mask the sentence vector averages over instead of ``attention_mask``."""
+    """What the model receives for one view; ``embedding_output`` (if set) rewrites the embedding block's output."""
 
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     position_ids: torch.Tensor | None = None
     embedding_output: EmbeddingOutputFn | None = None
-    pool_mask: torch.Tensor | None = None
 
 
 # --- where the model is touched -----------------------------------------------------------------------------
@@ -152,7 +152,8 @@ def sample_span(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ConSERT ``_sample_span``: keep one contiguous span of ``max(int(n * (1 - rate)), 1)`` tokens per sentence,
-    start uniform in ``[0, n - span]``; every other position gets ``pad_id`` and attention 0."""
+    start uniform in ``[0, n - span]``; every other position gets ``pad_id`` and attention 0. (The ``span`` view
+    uses the ids only: ConSERT's model never reads the returned mask for attention or pooling.)"""
     keep = torch.zeros(input_ids.shape, dtype=torch.bool)
     for row, n in enumerate(_lengths(attention_mask)):
         span = max(int(n * (1 - rate)), 1)
@@ -276,10 +277,10 @@ def make_view(
             position_ids=shuffle_positions(attention_mask, position_start, generator),
         )
     if name == "span":
-        # ConSERT masks the span inside BertModel.forward; sentence-transformers' Pooling then averages with the
-        # features' own (original) attention mask: every real position, in or out of the span.
-        ids, mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
-        return ViewInput(ids, mask, pool_mask=attention_mask)
+        # ConSERT's BertModel.forward builds the extended attention mask before ``_sample_span``, and
+        # sentence-transformers' Pooling averages with the features' own mask: only the ids change.
+        ids, _span_mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
+        return ViewInput(ids, attention_mask)
     if name == "word_repetition":
         ids, mask = repeat_words(input_ids, attention_mask, config.word_repetition, pad_id, generator)
         return ViewInput(ids, mask)

@@ -442,9 +442,10 @@ def test_consert_corpus_is_its_89192_sentences():
 SENTENCES = ["a man is playing a guitar", "two dogs", "the woman is riding a red horse on the street"]
 
 
-def test_span_view_pools_with_the_original_mask(tmp_path):
-    """ConSERT: _sample_span changes BertModel.forward's local input_ids and attention_mask; the Transformer module
-    hands Pooling ``features['attention_mask']``, the original one, so the mean runs over every real position."""
+def test_span_view_is_consert_pad_ids_with_the_original_mask(tmp_path):
+    """ConSERT BertModel.forward: ``extended_attention_mask`` is built from the original mask *before*
+    ``_sample_span`` masks ids and mask, so only the ids change for the encoder (outside the span: id 0, [PAD],
+    still attended); the Transformer module hands Pooling ``features['attention_mask']``, the original one."""
     from sentcl.views import ViewConfig, sample_span
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
@@ -457,11 +458,17 @@ def test_span_view_pools_with_the_original_mask(tmp_path):
         input_ids, attention_mask = sample_span(
             features["input_ids"], features["attention_mask"], 0.5, 0, torch.Generator().manual_seed(7)
         )
-        output_tokens = encoder.model(input_ids=input_ids, attention_mask=attention_mask)[0]
+        extended_from = features[
+            "attention_mask"
+        ]  # get_extended_attention_mask(attention_mask) before the span
+        output_tokens = encoder.model(input_ids=input_ids, attention_mask=extended_from)[0]
         expected = mean_pool(output_tokens, features["attention_mask"])
-        span_only = mean_pool(output_tokens, attention_mask)
+        # what attending to and averaging over the span alone would give
+        span_only_tokens = encoder.model(input_ids=input_ids, attention_mask=attention_mask)[0]
+        span_only = mean_pool(span_only_tokens, attention_mask)
+    assert not torch.equal(input_ids, features["input_ids"])
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
-    assert not torch.allclose(expected, span_only, atol=1e-4)  # the two poolings differ here
+    assert not torch.allclose(expected, span_only, atol=1e-4)
 
 
 def test_shuffled_positions_reach_the_position_embeddings(tmp_path):
