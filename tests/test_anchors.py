@@ -593,3 +593,36 @@ def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
             without_dropout = encoder.model(**inputs).last_hidden_state
         encoder.model.train()
         assert not torch.allclose(hidden.detach(), without_dropout, atol=1e-4)  # dropout changed the delta
+
+
+def test_adversarial_joint_with_gradient_caching_equals_one_large_batch(tmp_path):
+    """The adversarial pass reuses the clean pass's embedding output: gradient caching's replay must rebuild both,
+    so accumulating 4 micro-batches still gives the weights of one large batch (fp32 pinned)."""
+    from sentcl.train import Trainer
+    from tests.tiny import tiny_sentences
+
+    folder = make_tiny_encoder(tmp_path, dropout=0.0)
+    texts = tiny_sentences(40, seed=5)
+    pairs = [(texts[i], texts[(i * 7 + 3) % 40], i % 3) for i in range(32)]
+
+    def weights_after(grad_accum):
+        encoder = Encoder.from_pretrained(str(folder))
+        config = train_config(
+            mode="joint",
+            views=("none", "adversarial"),
+            view={"adversarial_eps": 0.5},
+            steps=2,
+            batch_size=8,
+            lr=1e-3,
+            warmup_ratio=0.0,
+            grad_accum=grad_accum,
+            bf16=False,
+        )
+        trainer = Trainer(encoder, config, pairs, [(texts[0], texts[1], 1.0)] * 3, progress=False)
+        for step in range(2):
+            trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
+        return {k: v.clone() for k, v in encoder.model.state_dict().items()}
+
+    whole, accumulated = weights_after(1), weights_after(4)
+    for key in whole:
+        torch.testing.assert_close(whole[key], accumulated[key], atol=1e-5, rtol=0, msg=key)
