@@ -117,9 +117,7 @@ class TrainConfig:
     prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
-    projection: (
-        bool  # SimCSE's training-only MLP over the sentence vector (unsupervised contrastive losses only)
-    )
+    projection: bool  # SimCSE's training-only MLP head (unsupervised contrastive losses only)
     preset: str | None  # simcse | esimcse | promptbert: see PRESETS
     queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
     momentum: float

@@ -56,9 +56,7 @@ class ViewConfig:
     dropout: float
     span: float
     cutoff_paper_span: float
-    adversarial_eps: (
-        float  # per-token norm of the perturbation (ConSERT noise_norm: 0.01 for contrastive-adversarial)
-    )
+    adversarial_eps: float  # per-token norm of the adversarial noise (ConSERT noise_norm)
     word_repetition: float
 
     def __post_init__(self) -> None:
