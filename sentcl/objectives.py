@@ -68,8 +68,10 @@ class Embedder:
         view: str = "none",
         adversarial_grad: torch.Tensor | None = None,
         capture: list[torch.Tensor] | None = None,
+        adversarial_base: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Sentence vectors of ``view`` of ``batch``; ``capture`` receives the (perturbed) embedding output."""
+        """Sentence vectors of ``view`` of ``batch``; ``capture`` receives the (perturbed) embedding output;
+        ``adversarial_base`` is the clean pass's embedding output the adversarial noise is added to."""
         inputs = make_view(
             view,
             batch["input_ids"],
@@ -80,6 +82,7 @@ class Embedder:
             pad_id=self.pad_id,
             position_start=self.position_start,
             adversarial_grad=adversarial_grad,
+            adversarial_base=adversarial_base,
         )
         perturb = inputs.embedding_output
         hook = perturb
@@ -110,6 +113,10 @@ class Objective(nn.Module):
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        """What the momentum encoder's sentence vectors enter the queue as: the loss's own space."""
+        return z
 
 
 class Contrastive(Objective):
@@ -147,6 +154,12 @@ class Contrastive(Objective):
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         return self.alpha * self.pair_loss(reps["z1"], reps["z2"], negatives)
+
+    @torch.no_grad()
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        """Through the same MLP head as the anchors (ESimCSE ``models.py`` ``cl_forward``: the momentum encoder's
+        ``pooler_output`` goes through ``cls.mlp`` before ``.detach()``), so the queue is in the anchors' space."""
+        return self.project(z).detach()
 
 
 class NLIClassifier(Objective):
@@ -193,8 +206,9 @@ class Joint(Objective):
         loss = CE(u, v) + alpha * (C(premises view 1, view 2) + C(hypotheses view 1, view 2))
 
     The classifier reads the first view's pass; premises and hypotheses are contrasted separately, so a premise's
-    own hypothesis is never one of its negatives. With ``views[1] == "adversarial"`` the second view adds
-    ``eps * g / ||g||`` to the first pass's embedding output, g the gradient of the CE loss there.
+    own hypothesis is never one of its negatives. With ``views[1] == "adversarial"`` the second view's embedding
+    output is the first pass's plus ``eps * g / ||g||`` (per token), g the gradient of the CE loss at the first
+    pass's embedding output; the sum keeps the first pass's graph, as ConSERT's ``noise_embedding`` does.
     """
 
     examples = "pairs"
@@ -210,17 +224,21 @@ class Joint(Objective):
         first, second = self.contrastive.views
         batch = embed.tokenize(list(premises) + list(hypotheses))
         labels = torch.tensor(labels, device=embed.device)
-        grad = None
+        grad = base = None
         if second == "adversarial":
             captured: list[torch.Tensor] = []
             with torch.enable_grad():  # also inside gradient caching's no-grad pass
                 u, v = embed(batch, first, capture=captured).chunk(2)
                 ce = nli_loss(self.classifier.head, u, v, labels)
                 (grad,) = torch.autograd.grad(ce, captured[0], retain_graph=True)
+            base = captured[0]
         else:
             u, v = embed(batch, first).chunk(2)
-        p2, h2 = embed(batch, second, adversarial_grad=grad).chunk(2)
+        p2, h2 = embed(batch, second, adversarial_grad=grad, adversarial_base=base).chunk(2)
         return {"u": u, "v": v, "labels": labels, "p2": p2, "h2": h2}
+
+    def queue_entries(self, z: torch.Tensor) -> torch.Tensor:
+        return self.contrastive.queue_entries(z)
 
     def loss(self, reps: Reps, negatives: torch.Tensor | None = None) -> torch.Tensor:
         ce = self.classifier.loss(reps)
@@ -334,7 +352,8 @@ class MomentumQueue:
 
     Before each step the momentum encoder moves toward the encoder (``m = m * momentum + p * (1 - momentum)``)
     and embeds the batch's sentences in eval mode (no dropout); the loss uses the queue as it was, then the new
-    embeddings join it and the oldest beyond ``size`` leave.
+    embeddings join it and the oldest beyond ``size`` leave. The trainer passes the new embeddings through the
+    objective's ``queue_entries`` (the MLP head when ``projection`` is on) before they are pushed.
     """
 
     def __init__(self, model: nn.Module, size: int, momentum: float) -> None:
@@ -384,7 +403,8 @@ def build_objective(config: Any, dim: int, encoder: Encoder | None = None) -> Ob
 def _promptbert(config: Any, dim: int, encoder: Encoder | None) -> PromptBERTObjective:
     """kongds/Prompt-BERT prompt_bert/models.py ``cl_forward``: transfer mode is run.sh unsup-bert (two templates,
     each denoised by its own delta, MLP head, InfoNCE); nli mode is sup-bert (anchor, entailment and contradiction
-    under the one template, each denoised, supervised SimCSE; sup-bert has no MLPLayer, ``projection`` is unused)."""
+    under the one template, each denoised, supervised SimCSE; sup-bert has no MLPLayer: ``TrainConfig`` refuses
+    ``projection`` in nli mode)."""
     if encoder is None:
         raise ValueError("the promptbert objective needs the encoder's tokenizer")
     sentences = config.mode == "transfer"

@@ -87,6 +87,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 # Presets that only make sense in some modes (their objective reads sentences).
 PRESET_MODES = {"promptbert": ("transfer",)}
+OPTIMIZERS = ("adamw", "consert")
 
 
 class ConfigError(ValueError):
@@ -107,6 +108,7 @@ class TrainConfig:
     head_lr: float | None  # the NLI classifier's lr (None: lr)
     weight_decay: float
     warmup_ratio: float  # linear warm-up, then linear decay to zero at ``steps``
+    optimizer: str  # adamw (torch AdamW, decay on every parameter) | consert (sentence-transformers 0.3 fit)
     max_grad_norm: float  # 0 switches clipping off
     temperature: float
     alpha: float  # weight of the contrastive term (ConSERT's --cl_rate)
@@ -115,7 +117,7 @@ class TrainConfig:
     prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
-    projection: bool  # SimCSE's training-only MLP over the sentence vector
+    projection: bool  # SimCSE's training-only MLP head (unsupervised contrastive losses only)
     preset: str | None  # simcse | esimcse | promptbert: see PRESETS
     queue_size: int  # ESimCSE momentum-encoder queue of extra negatives; 0 = off
     momentum: float
@@ -200,12 +202,22 @@ class TrainConfig:
         need(self.head_lr is None or self.head_lr >= 0, "head_lr", "null or not negative")
         need(self.weight_decay >= 0, "weight_decay", "not negative")
         need(0 <= self.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]")
+        need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
         need(self.max_grad_norm >= 0, "max_grad_norm", "not negative (0 = off)")
         need(self.temperature > 0, "temperature", "greater than 0")
         need(self.alpha >= 0, "alpha", "not negative")
         need(self.queue_size >= 0, "queue_size", "not negative")
         need(0 <= self.momentum < 1, "momentum", "in [0, 1)")
         need(not (tsdae and self.queue_size), "queue_size", "0 with tsdae (it has no negatives)")
+        # Only the unsupervised contrastive losses (transfer, joint's contrastive term) read the MLP head.
+        # Supervised SimCSE (princeton-nlp/SimCSE run_sup_example.sh: no --mlp_only_train) keeps its MLP at
+        # evaluation, which a saved folder cannot carry; the CE classifier and TSDAE have none.
+        need(
+            not self.projection or (self.mode != "nli" and not tsdae),
+            "projection",
+            f"false with objective {self.objective} in {self.mode} mode (no MLP head there: supervised SimCSE "
+            "keeps its MLP at evaluation, which a saved folder cannot carry)",
+        )
         need(0 <= self.deletion_ratio < 1, "deletion_ratio", "in [0, 1)")
         need(self.max_length >= 2, "max_length", "at least 2")
         need(self.eval_steps >= 1, "eval_steps", "at least 1")
@@ -434,6 +446,74 @@ def _set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+# --- ConSERT's optimizer ---------------------------------------------------------------------------------
+
+# sentence-transformers 0.3 ``SentenceTransformer.fit`` (yym6472/ConSERT ``sentence_transformers/SentenceTransformer.py``)
+CONSERT_NO_DECAY = ("bias", "LayerNorm.bias", "LayerNorm.weight")
+
+
+def consert_param_groups(
+    groups: list[dict[str, Any]], names: dict[int, str], weight_decay: float
+) -> list[dict[str, Any]]:
+    """Each group split in two as ``fit`` does: ``no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight']``
+    matched as substrings of the parameter's name get weight decay 0, the rest ``weight_decay``."""
+    out = []
+    for group in groups:
+        for decay in (True, False):
+            params = [
+                p for p in group["params"] if any(nd in names[id(p)] for nd in CONSERT_NO_DECAY) != decay
+            ]
+            if params:
+                out.append({**group, "params": params, "weight_decay": weight_decay if decay else 0.0})
+    return out
+
+
+def consert_schedule(steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    """transformers ``get_linear_schedule_with_warmup`` (ConSERT ``transformers/optimization.py``): from 0 up to
+    the lr over ``warmup`` steps, then down to 0 at ``steps``; the first step runs at lr 0. ConSERT's main.py
+    takes ``warmup = ceil(0.1 * len(dataset) * epochs / batch)``: here ``ceil(warmup_ratio * steps)``."""
+    warmup = math.ceil(round(warmup_ratio * steps, 6))
+
+    def lr_lambda(current_step: int) -> float:
+        if current_step < warmup:
+            return float(current_step) / float(max(1, warmup))
+        return max(0.0, float(steps - current_step) / float(max(1, steps - warmup)))
+
+    return lr_lambda
+
+
+class BertAdamW(torch.optim.Optimizer):
+    """transformers 3.x ``AdamW`` as ConSERT calls it (``eps=1e-6, correct_bias=False``; ConSERT
+    ``transformers/optimization.py``): no bias correction, and the decoupled weight decay applied after the Adam
+    update (``p -= lr * wd * p``), where torch's AdamW decays before it and corrects the bias."""
+
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                denom = exp_avg_sq.sqrt().add_(group["eps"])
+                p.addcdiv_(exp_avg, denom, value=-group["lr"])
+                if group["weight_decay"] > 0.0:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+        return loss
+
+
 # --- the trainer ----------------------------------------------------------------------------------------
 
 
@@ -495,13 +575,21 @@ class Trainer:
         if heads:
             groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
         self.params = [p for group in groups for p in group["params"]]
-        self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-        warmup = int(config.warmup_ratio * config.steps)
+        if config.optimizer == "consert":
+            names = {
+                id(p): n for n, p in [*self.encoder.named_parameters(), *self.objective.named_parameters()]
+            }
+            groups = consert_param_groups(groups, names, config.weight_decay)
+            self.optimizer = BertAdamW(groups, lr=config.lr)
+            schedule = consert_schedule(config.steps, config.warmup_ratio)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+            warmup = int(config.warmup_ratio * config.steps)
 
-        def schedule(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
+            def schedule(step: int) -> float:
+                if step < warmup:
+                    return (step + 1) / (warmup + 1)
+                return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
 
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
         self.queue = None
@@ -557,6 +645,7 @@ class Trainer:
         queued = None
         if self.queue is not None:
             queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
+            queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
         micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
         if len(micro) == 1:
             loss = self.loss(self.representations(micro[0]))

@@ -3,7 +3,10 @@
 ConSERT changes three things inside ``BertModel.forward`` (yym6472/ConSERT ``transformers/modeling_bert.py``):
 
 - ``shuffle`` permutes the position ids of each sentence's real tokens (``_replace_position_ids``);
-- ``span`` keeps one contiguous span of the input ids and masks the rest (``_sample_span``);
+- ``span`` keeps one contiguous span of the input ids and sets the rest to [PAD] (``_sample_span``); as in
+  ConSERT, attention and pooling keep the original mask (its extended attention mask is built before
+  ``_sample_span``, and sentence-transformers' ``Pooling`` reads the features' own mask), so the [PAD] positions
+  outside the span still attend and are averaged;
 - ``token_cutoff``, ``feature_cutoff``, ``dropout`` and ``adversarial`` replace the output of the embedding block,
   i.e. word + position + token-type embeddings after LayerNorm and dropout (``_replace_embedding_output``,
   ``_cutoff_embeddings``), so a cut token row is exactly zero when it enters the first transformer layer.
@@ -53,7 +56,7 @@ class ViewConfig:
     dropout: float
     span: float
     cutoff_paper_span: float
-    adversarial_eps: float  # norm of the perturbation of each token's embedding output (ConSERT --noise_norm)
+    adversarial_eps: float  # per-token norm of the adversarial noise (ConSERT noise_norm)
     word_repetition: float
 
     def __post_init__(self) -> None:
@@ -147,7 +150,8 @@ def sample_span(
     generator: torch.Generator | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """ConSERT ``_sample_span``: keep one contiguous span of ``max(int(n * (1 - rate)), 1)`` tokens per sentence,
-    start uniform in ``[0, n - span]``; every other position gets ``pad_id`` and attention 0."""
+    start uniform in ``[0, n - span]``; every other position gets ``pad_id`` and attention 0. (The ``span`` view
+    uses the ids only: ConSERT's model never reads the returned mask for attention or pooling.)"""
     keep = torch.zeros(input_ids.shape, dtype=torch.bool)
     for row, n in enumerate(_lengths(attention_mask)):
         span = max(int(n * (1 - rate)), 1)
@@ -251,11 +255,16 @@ def make_view(
     pad_id: int = 0,
     position_start: int = 0,
     adversarial_grad: torch.Tensor | None = None,
+    adversarial_base: torch.Tensor | None = None,
 ) -> ViewInput:
     """Model inputs for the view ``name`` of a tokenized batch.
 
     ``adversarial`` needs ``adversarial_grad``: the gradient of the supervised loss with respect to the
-    embedding output of the unperturbed forward pass (joint training only).
+    embedding output of the unperturbed forward pass (joint training only). With ``adversarial_base`` (that
+    pass's embedding output, graph attached) the view's embedding output is ``base + noise``, whatever this
+    pass's own embedding block computes: ConSERT ``AdvCLSoftmaxLoss.forward`` builds
+    ``noise_embedding = embedding_output_a + noise_a`` from the clean pass and ``_replace_embedding_output``
+    returns it, so no second embedding-dropout mask is drawn. Without it the noise is added to this pass's own.
     """
     if name == "none":
         return ViewInput(input_ids, attention_mask)
@@ -266,8 +275,10 @@ def make_view(
             position_ids=shuffle_positions(attention_mask, position_start, generator),
         )
     if name == "span":
-        ids, mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
-        return ViewInput(ids, mask)
+        # ConSERT's BertModel.forward builds the extended attention mask before ``_sample_span``, and
+        # sentence-transformers' Pooling averages with the features' own mask: only the ids change.
+        ids, _span_mask = sample_span(input_ids, attention_mask, config.span, pad_id, generator)
+        return ViewInput(ids, attention_mask)
     if name == "word_repetition":
         ids, mask = repeat_words(input_ids, attention_mask, config.word_repetition, pad_id, generator)
         return ViewInput(ids, mask)
@@ -288,10 +299,22 @@ def make_view(
                 "the adversarial view needs the supervised loss's gradient: use it in joint mode only"
             )
         noise = adversarial_noise(adversarial_grad, config.adversarial_eps)
-        fn = lambda output: output + noise.to(output.dtype)  # noqa: E731
+        if adversarial_base is None:
+            fn = lambda output: output + noise.to(output.dtype)  # noqa: E731
+        else:
+            fn = _replace(adversarial_base + noise.to(adversarial_base.dtype))
     else:
         raise ValueError(f"unknown view {name!r}; choose from {', '.join(VIEWS)}")
     return ViewInput(input_ids, attention_mask, embedding_output=fn)
+
+
+def _replace(embedding_output: torch.Tensor) -> EmbeddingOutputFn:
+    def fn(output: torch.Tensor) -> torch.Tensor:
+        if output.shape != embedding_output.shape:
+            raise ValueError(f"adversarial base {tuple(embedding_output.shape)} != {tuple(output.shape)}")
+        return embedding_output.to(output.dtype)
+
+    return fn
 
 
 def _multiply(keep: torch.Tensor) -> EmbeddingOutputFn:
