@@ -22,7 +22,7 @@ init's. TSDAE then contrastive is two runs, the second with ``--init`` the first
 params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
-set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_task_drop`` below the init.
+set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_dev_drop`` below the init.
 Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
 (``texts_truncated`` in the stage's metrics).
 """
@@ -134,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.metrics_dir),
         Path(args.checkpoints_dir),
         domain_dev=domain_dev,
-        max_task_drop=float(params["registry"]["max_task_drop"]) if domain_dev else None,
+        max_task_drop=float(params["registry"]["max_dev_drop"]) if domain_dev else None,
         summary={"texts_truncated": truncated},
     )
 
