@@ -7,9 +7,10 @@ a sentence in the training text while its twin selects (STS-B dev) or scores (a 
 training sentence is dropped when its token ids, cut at the length the model reads, equal those of any excluded
 sentence: the relation "the model cannot tell them apart", whatever the tokenizer normalises.
 
-``heldout``: the seven STS test sets' unique sentences, without any sentence token-identical to an STS-B dev
-sentence (checkpoint selection on STS-B dev is independent of training; the test sets are the target text, as in
-ConSERT's protocol). ``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence
+``heldout``: the seven STS test sets' unique sentences, without any sentence token-identical to a sentence of a
+dev split: STS-B dev (checkpoint selection) and SICK-R trial (the promotion gate's guard; SICK reuses sentences
+across its splits, so 698 of its 924 unique trial sentences are SICK test sentences). Selection is then
+independent of training; the test sets are the target text, as in ConSERT's protocol. ``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence
 token-identical to a sentence of any dev or test split (no evaluated sentence is trained on).
 """
 
@@ -66,7 +67,7 @@ def drop_token_identical(
 def heldout_texts(
     test_sentences: Iterable[str], dev_sentences: Iterable[str], tokenizer: Any, max_length: int
 ) -> Selection:
-    """``transfer.texts: heldout``: the test sets' sentences, none token-identical to a (STS-B) dev sentence."""
+    """``transfer.texts: heldout``: the test sets' sentences, none token-identical to a dev-split sentence."""
     return drop_token_identical(test_sentences, dev_sentences, tokenizer, max_length)
 
 

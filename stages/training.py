@@ -80,14 +80,15 @@ TEXT_CHOICES = ("heldout", "consert", "inductive")
 def transfer_texts(
     choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path, tokenizer: Any, max_length: int
 ) -> list[str]:
-    """``heldout``: the seven test sets' unique sentences without any sentence token-identical to an STS-B dev
-    sentence, so checkpoint selection on STS-B dev is independent of training. ``consert``: ConSERT's corpus (all
+    """``heldout``: the seven test sets' unique sentences without any sentence token-identical to a sentence of a
+    dev split (STS-B dev, which selects checkpoints; SICK-R trial, which the promotion gate reads), so selection
+    is independent of training. ``consert``: ConSERT's corpus (all
     STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and the NLI sentences, without any
     sentence token-identical to a sentence of a dev or test split. "Token-identical": the same ids under the
     model's ``tokenizer`` cut at ``max_length`` (``sentcl.texts``). Anything else is a ``.txt`` file or a folder
     of them."""
     if choice == "heldout":
-        dev = _sentences(pairs[(pairs.task == "STSb") & (pairs.split == "dev")])
+        dev = _sentences(pairs[pairs.split == "dev"])
         selection = heldout_texts(sts_test_sentences(pairs), dev, tokenizer, max_length)
     elif choice == "inductive":
         evaluated = _sentences(pairs[pairs.split != "train"])

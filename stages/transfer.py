@@ -7,7 +7,7 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
                               [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae] [--preset promptbert]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences
-without any sentence token-identical to an STS-B dev sentence), ``consert`` (ConSERT's corpus), ``inductive``
+without any sentence token-identical to an STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus), ``inductive``
 (no sentence token-identical to a dev or test sentence; ``sentcl.texts``), or a
 ``*.txt`` file (one sentence a line) or a folder of them. Each init has its own recipe (``transfer.base``,
 ``transfer.nli``, ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three

@@ -75,7 +75,8 @@ def test_repeats_collapse_and_the_order_is_stable(tiny_tokenizer):
 
 def _with_twins(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The tiny processed tables, plus rows that put an upper-case twin of a dev sentence among the test
-    sentences and among STS-B train, and a spaced twin of a test sentence among the NLI sentences."""
+    sentences and among STS-B train, a SICK-R trial pair whose sentence is also a SICK-R test sentence, and a
+    spaced twin of a test sentence among the NLI sentences."""
     pairs = pd.read_parquet(folder / "pairs.parquet")
     nli = pd.read_parquet(folder / "nli.parquet")
     dev = pairs[(pairs.task == "STSb") & (pairs.split == "dev")].sentence1.iloc[0]
@@ -84,6 +85,8 @@ def _with_twins(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         [
             ("STS12", "x", "test", dev.upper(), "walking dog", 1.0, "tiny", 99),
             ("STSb", "train", "train", dev.upper(), "sitting cat", 1.0, "tiny", 98),
+            ("SICK-R", "trial", "dev", "a girl riding horse.", "red car", 3.0, "tiny", 96),
+            ("SICK-R", "test", "test", "A girl  riding horse .", "blue ball", 3.0, "tiny", 95),
         ],
         columns=pairs.columns,
     )
@@ -95,14 +98,15 @@ def _with_twins(folder: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 def test_heldout_and_inductive_on_tiny_tables(tmp_path, tiny_model, tiny_tokenizer):
     pairs, nli = _with_twins(write_tiny_processed(tmp_path / "processed"))
-    dev = set(pairs[(pairs.task == "STSb") & (pairs.split == "dev")][["sentence1", "sentence2"]].stack())
+    dev = set(pairs[pairs.split == "dev"][["sentence1", "sentence2"]].stack())  # STS-B dev and SICK-R trial
     evaluated = set(pairs[pairs.split != "train"][["sentence1", "sentence2"]].stack())
     heldout = transfer_texts("heldout", pairs, nli, tmp_path, tiny_tokenizer, 32)
+    assert "A girl  riding horse ." not in heldout and "blue ball" in heldout  # SICK trial is a dev split too
     inductive = transfer_texts("inductive", pairs, nli, tmp_path, tiny_tokenizer, 32)
     # The twins are not dev strings, so a string comparison keeps them; the model cannot tell them apart.
     assert not model_inputs(heldout, tiny_model, 32) & model_inputs(dev, tiny_model, 32)
     assert not model_inputs(inductive, tiny_model, 32) & model_inputs(evaluated, tiny_model, 32)
-    twin = pairs.sentence1.iloc[-1]
+    twin = pairs.sentence1.iloc[-3]
     assert twin not in heldout and twin not in inductive
     assert "walking dog" in heldout and "sitting cat" in inductive
     assert nli.premise.iloc[-1] not in inductive and "riding horse" in inductive
@@ -116,8 +120,9 @@ def test_heldout_and_inductive_on_tiny_tables(tmp_path, tiny_model, tiny_tokeniz
 @pytest.mark.skipif(not (SHARED / "STS").is_dir(), reason="needs the SentEval mirror (SENTEVAL_MIRROR)")
 def test_real_data_has_no_token_identical_overlap(capsys):
     """On SentEval's files and the bundled all-MiniLM-L6-v2 tokenizer at model.max_length 64: no heldout sentence
-    reads as an STS-B dev sentence, no inductive one as a dev or test sentence. By string only, 292 of the 2,909
-    unique STS-B dev sentences had a token-identical twin in the heldout text (counted when this was found)."""
+    reads as an STS-B dev or SICK-R trial sentence, no inductive one as a dev or test sentence. By string only,
+    292 of the 2,909 unique STS-B dev sentences had a token-identical twin in the heldout text (counted when this
+    was found), and 698 of SICK-R trial's 924 are SICK-R test sentences."""
     from stages.validate import load_tables
 
     start = time.perf_counter()
@@ -127,18 +132,24 @@ def test_real_data_has_no_token_identical_overlap(capsys):
     def ids(sentences):  # as Encoder.tokenize calls the tokenizer, without padding
         return [tuple(r) for r in tokenizer(list(sentences), truncation=True, max_length=64)["input_ids"]]
 
-    dev = set(pairs[(pairs.task == "STSb") & (pairs.split == "dev")][["sentence1", "sentence2"]].stack())
+    stsb_dev = set(pairs[(pairs.task == "STSb") & (pairs.split == "dev")][["sentence1", "sentence2"]].stack())
+    sick_trial = set(
+        pairs[(pairs.task == "SICK-R") & (pairs.split == "dev")][["sentence1", "sentence2"]].stack()
+    )
+    dev = stsb_dev | sick_trial
     evaluated = set(pairs[pairs.split != "train"][["sentence1", "sentence2"]].stack())
     tests = set(pairs[pairs.split == "test"][["sentence1", "sentence2"]].stack())
     heldout = transfer_texts("heldout", pairs, nli, SHARED, tokenizer, 64)
     inductive = transfer_texts("inductive", pairs, nli, SHARED, tokenizer, 64)
     assert not set(ids(heldout)) & set(ids(dev))
     assert not set(ids(inductive)) & set(ids(evaluated))
-    by_string = tests - dev
+    # What the string comparison of STS-B dev alone (the earlier heldout) left in.
+    by_string = tests - stsb_dev
     string_ids = set(ids(by_string))
-    twins = sum(key in string_ids for key in ids(dev))
-    assert (len(dev), twins) == (2909, 292)
-    assert set(heldout) <= by_string
+    twins = sum(key in string_ids for key in ids(stsb_dev))
+    assert (len(stsb_dev), twins) == (2909, 292)
+    assert (len(sick_trial), len(sick_trial & tests)) == (924, 698)
+    assert set(heldout) <= by_string - sick_trial
     train = set(
         pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")][
             ["sentence1", "sentence2"]
