@@ -57,6 +57,7 @@ from sentcl.domain import (
     retrain_method,
     write_sentences,
 )
+from sentcl.registry import DEV_GUARDS
 from stages.common import PROCESSED, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
@@ -128,12 +129,12 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
         print(f"retrain: no champion registered yet; starting from the base model {name}")
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
         return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
-    version, (stsb, table, _) = champion
+    version, row = champion
     folder = registry.download_model(
         f"models:/{registry.gate_config().model_name}/{version}", work / "champion-download"
     )
-    print(f"retrain: starting from champion version {version} (stsb_dev {stsb})")
-    return {"version": str(version), "folder": str(folder), "sts_row": {"all": table, "stsb_dev": stsb}}
+    print(f"retrain: starting from champion version {version} (stsb_dev {row['stsb_dev']})")
+    return {"version": str(version), "folder": str(folder), "sts_row": row}
 
 
 @task(cache_policy=NO_CACHE)
@@ -338,7 +339,9 @@ def register_and_gate(
     """Evaluate the retrained model (and the init, unless its registered scores are known), export and gate."""
     stage, retrained = last["stage"], last["output"]
     to_evaluate = {stage: str(retrained)}
-    if init["sts_row"] is None or not init["sts_row"].get("all"):
+    row = init["sts_row"]
+    # Re-scored when its registered scores lack a dev guard (a version registered before the gate read it).
+    if row is None or not row.get("all") or any(row.get(guard) is None for guard in DEV_GUARDS):
         to_evaluate[init_name] = init["folder"]
     sts = evaluate(to_evaluate, work / "sts.json", env)
     if init_name not in sts:

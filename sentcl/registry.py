@@ -16,11 +16,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# (stsb_dev, {task: spearman}, domain spearman or None), all Spearman x 100
+# (stsb_dev, {dev guard: spearman}, domain spearman or None), all Spearman x 100. Only dev splits: the seven test
+# tasks are reported (tag sts_all) and never read by the gate, so they play no part in model selection.
 Scores = tuple[float | None, dict[str, float], float | None]
 
-# Tags on a model version that the gate reads or writes.
+# The dev splits the gate guards besides STS-B dev (a key of metrics/sts.json's rows each): SICK-R trial. STS12-16
+# have no train or dev split in SentEval's files, so no STS12 dev split can be carved from them.
+DEV_GUARDS = ("sick_dev",)
+
+# Tags on a model version that the gate reads or writes. sts_all (the seven test tasks) is written for the
+# record only.
 TAG_STSB_DEV, TAG_STS, TAG_DOMAIN = "stsb_dev", "sts_all", "domain_spearman"
+TAG_DEV = "dev_scores"  # JSON {guard: spearman} of DEV_GUARDS
 TAG_WEIGHTS = "weights.sha256"  # one digest over every weight file: the identity of "the same weights"
 TAG_STATE = "sentcl.state"  # registering -> ready; a version left at "registering" is unfinished
 TAG_ROLLED_BACK = "rolled_back"  # "true" on a demoted version: never promoted again without --force
@@ -37,7 +44,7 @@ class GateConfig:
     model_name: str  # the production registered model (aliases champion / challenger)
     experiment_model_name: str  # where `dvc exp run` / `make exp` register unless asked otherwise
     min_delta: float  # STS-B dev gain over the champion that counts as better
-    max_task_drop: float  # no STS task (nor the domain score) may drop by more than this
+    max_dev_drop: float  # no dev score (SICK-R trial, the domain's) may drop by more than this
     min_domain_delta: float  # with a domain dev set: a domain gain this large counts as a gain
 
     @classmethod
@@ -59,7 +66,7 @@ class GateConfig:
             if not isinstance(raw[name], str) or not raw[name].strip():
                 raise RegistryConfigError(f"params.yaml: {section}.{name} must be a non-empty name")
             values[name] = raw[name]
-        for name in ("min_delta", "max_task_drop", "min_domain_delta"):
+        for name in ("min_delta", "max_dev_drop", "min_domain_delta"):
             value = raw[name]
             if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
                 raise RegistryConfigError(f"params.yaml: {section}.{name} must be a number, got {value!r}")
@@ -80,12 +87,26 @@ class GateConfig:
 # --------------------------------------------------------------------------------------------- scores
 
 
+def dev_scores(row: Mapping[str, Any]) -> dict[str, float]:
+    """The gate's dev guards from one checkpoint's row of metrics/sts.json (those it has)."""
+    return {key: float(row[key]) for key in DEV_GUARDS if row.get(key) is not None}
+
+
 def scores_from_tags(tags: Mapping[str, str] | None) -> Scores:
+    """A version's scores as the gate reads them: STS-B dev, the dev guards, the domain score (never sts_all)."""
     tags = tags or {}
     stsb = float(tags[TAG_STSB_DEV]) if tags.get(TAG_STSB_DEV) not in (None, "") else None
-    table = json.loads(tags.get(TAG_STS) or "{}")
+    table = json.loads(tags.get(TAG_DEV) or "{}")
     domain = float(tags[TAG_DOMAIN]) if tags.get(TAG_DOMAIN) not in (None, "") else None
     return stsb, {k: float(v) for k, v in table.items()}, domain
+
+
+def sts_row_from_tags(tags: Mapping[str, str] | None) -> dict[str, Any]:
+    """A version's scores as a row of metrics/sts.json (``all``: the seven test tasks, for the record;
+    ``stsb_dev`` and the dev guards it has), so a registered champion can stand beside fresh candidates."""
+    stsb, guards, _ = scores_from_tags(tags)
+    table = json.loads((tags or {}).get(TAG_STS) or "{}")
+    return {"all": {k: float(v) for k, v in table.items()}, "stsb_dev": stsb, **guards}
 
 
 def weight_file_digests(folder: Path) -> dict[str, str]:
@@ -171,15 +192,16 @@ def promotion_blocked(
 def gate_decision(
     challenger: Scores, champion: Scores | None, config: GateConfig, use_domain: bool = True
 ) -> tuple[bool, list[str]]:
-    """(promote?, reasons). Scores are Spearman x 100.
+    """(promote?, reasons). Scores are Spearman x 100, of dev splits only (no test set takes part).
 
     - no champion yet: promote (the first model ever registered);
     - STS-B dev must beat the champion's by ``min_delta`` -- or, when both carry a domain score, the domain
       Spearman must beat the champion's by ``min_domain_delta`` while STS-B dev does not fall by more than
-      ``max_task_drop``;
-    - no STS task (and no domain score) may drop by more than ``max_task_drop``.
+      ``max_dev_drop``;
+    - no dev guard (SICK-R trial, ``DEV_GUARDS``) and no domain score may drop by more than ``max_dev_drop``;
+      a guard the champion has no score for (registered before it was recorded) is said, not compared.
     """
-    min_delta, max_task_drop = config.min_delta, config.max_task_drop
+    min_delta, max_dev_drop = config.min_delta, config.max_dev_drop
     c_stsb, c_table, c_domain = challenger
     if c_stsb is None:
         return False, ["challenger has no stsb_dev score"]
@@ -203,22 +225,25 @@ def gate_decision(
             f"domain spearman {c_domain:.2f} vs champion {k_domain:.2f}: delta {d_delta:+.2f} "
             f"{'>=' if domain_ok else '<'} min_domain_delta {config.min_domain_delta:.2f}"
         )
-        if -d_delta > max_task_drop:
-            reasons.append(f"domain spearman drops {-d_delta:.2f} > max_task_drop {max_task_drop:.2f}")
+        if -d_delta > max_dev_drop:
+            reasons.append(f"domain spearman drops {-d_delta:.2f} > max_dev_drop {max_dev_drop:.2f}")
             return False, reasons
         if domain_ok and not stsb_ok:
-            if -delta > max_task_drop:
-                reasons.append(f"stsb_dev drops {-delta:.2f} > max_task_drop {max_task_drop:.2f}")
+            if -delta > max_dev_drop:
+                reasons.append(f"stsb_dev drops {-delta:.2f} > max_dev_drop {max_dev_drop:.2f}")
                 return False, reasons
-            reasons.append("domain gain accepted: general STS holds within max_task_drop")
+            reasons.append("domain gain accepted: STS-B dev holds within max_dev_drop")
             gain_ok = True
-    drops = {
-        task: k_table[task] - c_table[task]
-        for task in sorted(set(c_table) & set(k_table))
-        if task != "avg" and k_table[task] - c_table[task] > max_task_drop
-    }
-    for task, drop in drops.items():
-        reasons.append(f"{task} drops {drop:.2f} > max_task_drop {max_task_drop:.2f}")
+    drops: dict[str, float] = {}
+    for guard in sorted(set(c_table) | set(k_table)):
+        if guard not in c_table:
+            reasons.append(f"challenger has no {guard} score")
+            drops[guard] = math.inf
+        elif guard not in k_table:
+            reasons.append(f"champion has no {guard} score recorded: not compared")
+        elif k_table[guard] - c_table[guard] > max_dev_drop:
+            drops[guard] = k_table[guard] - c_table[guard]
+            reasons.append(f"{guard} drops {drops[guard]:.2f} > max_dev_drop {max_dev_drop:.2f}")
     if not drops:
-        reasons.append(f"no STS task drops more than {max_task_drop:.2f}")
+        reasons.append(f"no dev guard drops more than {max_dev_drop:.2f}")
     return gain_ok and not drops, reasons

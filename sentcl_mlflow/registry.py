@@ -37,6 +37,7 @@ from sentcl.registry import (
     gate_decision,
     promotion_blocked,
     scores_from_tags,
+    sts_row_from_tags,
     version_weights,
     weight_file_digests,
     weights_fingerprint,
@@ -428,7 +429,7 @@ def _gate_locked(
         "gate.reasons": "; ".join(reasons),
         "gate.champion_before": champ.version if champ is not None else "",
         "gate.min_delta": str(config.min_delta),
-        "gate.max_task_drop": str(config.max_task_drop),
+        "gate.max_dev_drop": str(config.max_dev_drop),
         "gate.at": _now(),
         "gate.by": actor,
     }
@@ -537,11 +538,11 @@ def alias_version(alias: str, name: str | None = None) -> str | None:
     return version.version if version is not None else None
 
 
-def champion_scores(name: str | None = None) -> tuple[str, tuple] | None:
-    """(version, scores) of the champion, or None when nothing is champion yet."""
+def champion_scores(name: str | None = None) -> tuple[str, dict[str, Any]] | None:
+    """(version, its scores as a row of metrics/sts.json) of the champion, or None when nothing is champion yet."""
     mlc = client()
     version = _version_or_none(mlc, name or gate_config().model_name, CHAMPION)
-    return (str(version.version), version_scores(version)) if version is not None else None
+    return (str(version.version), sts_row_from_tags(version.tags)) if version is not None else None
 
 
 def download_alias(alias: str, dest: Path, name: str | None = None) -> Path:

@@ -1,4 +1,5 @@
-"""STS benchmark of model folders: STS12-16, STS-B test, SICK-R test (Spearman x 100, protocols "all" and "mean").
+"""STS benchmark of model folders: STS12-16, STS-B test, SICK-R test (Spearman x 100, protocols "all" and "mean"),
+and the dev splits beside it: STS-B dev (``stsb_dev``) and SICK-R trial (``sick_dev``), which the gate reads.
 
     python -m stages.evaluate                                   # DVC stage: every checkpoint -> metrics/sts.{json,md}
                                                                 #   + metrics/eval/<checkpoint>.json (DVC metrics)
@@ -71,6 +72,7 @@ def evaluate_model(
         unique_sentences=len(benchmark.sentences),
     )
     result.setdefault("stsb_dev", None)  # a benchmark loaded without dev
+    result.setdefault("sick_dev", None)
     return order_result(result)
 
 
@@ -133,8 +135,9 @@ def model_pooling(
 def _summary(name: str, result: dict[str, Any]) -> str:
     row = result["all"]
     tasks = " ".join(f"{k} {v:.2f}" for k, v in row.items())
-    dev = result.get("stsb_dev")
+    dev, sick = result.get("stsb_dev"), result.get("sick_dev")
     dev_text = f"STS-B dev {dev:.2f}" if dev is not None else "no STS-B dev"
+    dev_text += f", SICK-R trial {sick:.2f}" if sick is not None else ""
     return f"{name}: {tasks} | {dev_text} ({result['seconds']:.0f} s, {result['backend']})"
 
 
@@ -165,14 +168,16 @@ def not_a_model_folder(model: str | Path) -> str | None:
 
 
 def write_summaries(results: dict[str, Any], folder: Path) -> None:
-    """The DVC metrics: one small file per checkpoint, {"avg", "stsb_dev"} to 2 decimals of Spearman x 100.
+    """The DVC metrics: one small file per checkpoint, {"avg", "stsb_dev", "sick_dev"} to 2 decimals of
+    Spearman x 100.
 
     One file per checkpoint, with the same two keys, because `dvc metrics show` prints one column per distinct
     key: a single file keyed by checkpoint would make twelve. The full tables stay in sts.json (not a metric)."""
     folder.mkdir(parents=True, exist_ok=True)
     for name, result in results.items():
-        dev = result.get("stsb_dev")
-        summary = {"avg": round(result["all"]["avg"], 2), "stsb_dev": None if dev is None else round(dev, 2)}
+        summary = {"avg": round(result["all"]["avg"], 2)}
+        for key in ("stsb_dev", "sick_dev"):
+            summary[key] = None if result.get(key) is None else round(result[key], 2)
         (folder / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -270,7 +275,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", choices=BACKENDS, help="onnx (default) or torch; same numbers")
     parser.add_argument("--max-length", type=int, help="truncation; default the model's own max_seq_length")
     parser.add_argument(
-        "--no-dev", action="store_true", help="skip STS-B dev (stsb_dev: null): the seven test tasks only"
+        "--no-dev",
+        action="store_true",
+        help="skip the dev splits (stsb_dev, sick_dev: null): the seven test tasks only",
     )
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)

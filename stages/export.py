@@ -26,9 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.registry import (
+    TAG_DEV,
     TAG_DOMAIN,
     GateConfig,
     choose_checkpoint,
+    dev_scores,
     selection_score,  # noqa: F401 (re-exported: analyses and tests rank candidates the same way)
     weight_file_digests,
     weights_fingerprint,
@@ -165,6 +167,11 @@ def _table(sts_row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _dev_line(info: dict[str, Any]) -> str:
+    sick = (info.get("dev_scores") or {}).get("sick_dev")
+    return "" if sick is None else f"; SICK-R trial: {sick:.2f}"
+
+
 def _prompt_note(onnx_report: dict[str, Any]) -> str:
     prompt = onnx_report.get("prompt")
     if not prompt:
@@ -231,7 +238,7 @@ sentences only, never the scores), as in the ConSERT paper's unsupervised transf
 
 {_table(sts_row)}
 
-STS-B dev: {info["stsb_dev"]:.2f}
+STS-B dev: {info["stsb_dev"]:.2f}{_dev_line(info)}
 
 ## Weights (sha256)
 
@@ -266,6 +273,7 @@ def build_release(
         "candidates": list(sts),
         "stsb_dev": float(sts[checkpoint]["stsb_dev"]),
         "sts_all": {k: float(v) for k, v in (sts[checkpoint].get("all") or {}).items()},
+        "dev_scores": dev_scores(sts[checkpoint]),  # what the gate guards besides stsb_dev (SICK-R trial)
         "beat_init": beat_init,
         "weights_sha256": weights_sha256(output),
         "git_commit": store.git_commit(),
@@ -342,6 +350,7 @@ def log_and_register(
             "beat_init": str(info["beat_init"]).lower(),
             "trained_beat_init": str(info.get("trained_beat_init", False)).lower(),
             "weights_sha256": json.dumps(info["weights_sha256"]),
+            TAG_DEV: json.dumps(info.get("dev_scores") or {}, sort_keys=True),
             **(
                 {TAG_DOMAIN: f"{sts_row['domain_spearman']:.6f}"}
                 if sts_row.get("domain_spearman") is not None

@@ -25,6 +25,7 @@ from sentcl.domain import DomainTextError, read_domain_text
 from sentcl.encoder import Encoder
 from sentcl.losses import NLI_LABEL_IDS
 from sentcl.senteval import consert_corpus
+from sentcl.texts import heldout_texts, inductive_texts
 from sentcl.train import ConfigError, TrainConfig, Trainer, dist_info
 from sentcl_mlflow.runs import log_stage, preflight
 from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub
@@ -76,24 +77,38 @@ def _sentences(frame: pd.DataFrame) -> set[str]:
 TEXT_CHOICES = ("heldout", "consert", "inductive")
 
 
-def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path) -> list[str]:
-    """``heldout``: the seven test sets' unique sentences without any STS-B dev sentence, so checkpoint selection
-    on STS-B dev is independent of training. ``consert``: ConSERT's corpus (all STS/SICK lines, dev included).
-    ``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence of a dev or test split.
-    Anything else is a ``.txt`` file or a folder of them."""
+def transfer_texts(
+    choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path, tokenizer: Any, max_length: int
+) -> list[str]:
+    """``heldout``: the seven test sets' unique sentences without any sentence token-identical to a sentence of a
+    dev split (STS-B dev, which selects checkpoints; SICK-R trial, which the promotion gate reads), so selection
+    is independent of training. ``consert``: ConSERT's corpus (all
+    STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and the NLI sentences, without any
+    sentence token-identical to a sentence of a dev or test split. "Token-identical": the same ids under the
+    model's ``tokenizer`` cut at ``max_length`` (``sentcl.texts``). Anything else is a ``.txt`` file or a folder
+    of them."""
     if choice == "heldout":
-        dev = _sentences(pairs[(pairs.task == "STSb") & (pairs.split == "dev")])
-        return [s for s in sts_test_sentences(pairs) if s not in dev]
-    if choice == "consert":
-        return consert_corpus(raw)
-    if choice == "inductive":
+        dev = _sentences(pairs[pairs.split == "dev"])
+        selection = heldout_texts(sts_test_sentences(pairs), dev, tokenizer, max_length)
+    elif choice == "inductive":
         evaluated = _sentences(pairs[pairs.split != "train"])
         train = _sentences(pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")])
         train |= set(nli.premise) | set(nli.hypothesis)
-        return sorted(train - evaluated)
-    if not Path(choice).exists():
+        selection = inductive_texts(train, evaluated, tokenizer, max_length)
+    elif choice == "consert":
+        return consert_corpus(raw)
+    elif not Path(choice).exists():
         fail(f"transfer.texts: {choice!r} is neither one of {', '.join(TEXT_CHOICES)} nor a file or folder")
-    return read_texts(Path(choice))
+    else:
+        return read_texts(Path(choice))
+    log.info(
+        "transfer.texts %s: %d of %d sentences kept, %d dropped as token-identical to an evaluated sentence",
+        choice,
+        len(selection.texts),
+        selection.candidates,
+        selection.dropped,
+    )
+    return selection.texts
 
 
 def read_texts(path: Path) -> list[str]:

@@ -7,7 +7,8 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
                               [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae] [--preset promptbert]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences
-without any STS-B dev sentence), ``consert`` (ConSERT's corpus), ``inductive`` (no dev or test sentence), or a
+without any sentence token-identical to an STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus), ``inductive``
+(no sentence token-identical to a dev or test sentence; ``sentcl.texts``), or a
 ``*.txt`` file (one sentence a line) or a folder of them. Each init has its own recipe (``transfer.base``,
 ``transfer.nli``, ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three
 scripts differ); a model folder uses ``--recipe`` (default ``base``).
@@ -21,7 +22,7 @@ init's. TSDAE then contrastive is two runs, the second with ``--init`` the first
 params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
-set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_task_drop`` below the init.
+set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_dev_drop`` below the init.
 Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
 (``texts_truncated`` in the stage's metrics).
 """
@@ -111,13 +112,16 @@ def main(argv: list[str] | None = None) -> None:
     domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
-    texts = transfer_texts(choice, pairs, load_nli(Path(args.processed)), Path(args.raw))
+    init = resolve_init(args.init, Path(args.models_dir))
+    tokenizer, max_length = _sentence_room(init, config)
+    texts = transfer_texts(
+        choice, pairs, load_nli(Path(args.processed)), Path(args.raw), tokenizer, max_length
+    )
     max_texts = args.max_texts if args.max_texts is not None else section["max_texts"]
     texts = limit_texts(texts, max_texts, params["seed"])
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
-    init = resolve_init(args.init, Path(args.models_dir))
-    truncated = _truncated(texts, init, config)
+    truncated = _truncated(texts, tokenizer, max_length, config)
     run_stage(
         stage,
         config,
@@ -130,14 +134,15 @@ def main(argv: list[str] | None = None) -> None:
         Path(args.metrics_dir),
         Path(args.checkpoints_dir),
         domain_dev=domain_dev,
-        max_task_drop=float(params["registry"]["max_task_drop"]) if domain_dev else None,
+        max_task_drop=float(params["registry"]["max_dev_drop"]) if domain_dev else None,
         summary={"texts_truncated": truncated},
     )
 
 
-def _truncated(texts: list[str], init: str, config: TrainConfig) -> int:
-    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens; inside PromptBERT's
-    longest template, the room the template leaves (the sentence is cut, never the template)."""
+def _sentence_room(init: str, config: TrainConfig) -> tuple[Any, int]:
+    """The init's tokenizer, and how many tokens (special tokens included) of a sentence the model reads:
+    ``model.max_length``, or inside PromptBERT's longest template the room the template leaves (the sentence is
+    cut, never the template)."""
     from transformers import AutoTokenizer
 
     from sentcl.encoder import resolve_model_path
@@ -151,6 +156,11 @@ def _truncated(texts: list[str], init: str, config: TrainConfig) -> int:
         # count_truncated counts [CLS] and [SEP]; the template holds them, and the sentence gets the rest.
         template = max(template_ids(tokenizer, t).length for t in config.prompt.templates)
         max_length = config.max_length - template + 2
+    return tokenizer, max_length
+
+
+def _truncated(texts: list[str], tokenizer: Any, max_length: int, config: TrainConfig) -> int:
+    """Count (and say) how many sentences the tokenizer will cut at ``max_length`` tokens (``_sentence_room``)."""
     truncated = count_truncated(texts, tokenizer, max_length)
     if truncated:
         log.info(

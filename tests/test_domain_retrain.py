@@ -350,7 +350,7 @@ def test_transfer_stage_selects_on_domain_dev_and_records_it(stage_args, objecti
     transfer.main([*args, "--texts", str(text), "--domain-dev", str(dev), "--objective", objective])
     record = json.loads((tmp_path / "metrics" / "train" / "domain.json").read_text())
     assert record["selected_on"] == "domain_dev"
-    assert record["max_task_drop"] == params["registry"]["max_task_drop"]
+    assert record["max_task_drop"] == params["registry"]["max_dev_drop"]
     assert {"domain_dev_step0", "domain_dev_best"} <= set(record)
     assert record["examples"] == 31 and record["texts_truncated"] >= 1
     rows = list(csv.DictReader(open(tmp_path / "metrics" / "curves" / "domain.csv")))

@@ -32,7 +32,7 @@ def _sentence(rng: np.random.Generator) -> str:
 
 
 def write_mini_senteval(root: Path, pairs_per_subset: int = 6, seed: int = 0) -> dict[str, int]:
-    """A SentEval-layout tree with every STS12-16 subset, STS-B dev/test and SICK test, small and random.
+    """A SentEval-layout tree with every STS12-16 subset, STS-B dev/test and SICK trial/test, small and random.
 
     Each STS subset also gets one unscored line (empty gold), which the benchmark must skip; sentences repeat
     across subsets (a small vocabulary) so dedup has work to do. Returns {"skipped": .., "pairs": ..}.
@@ -62,11 +62,12 @@ def write_mini_senteval(root: Path, pairs_per_subset: int = 6, seed: int = 0) ->
     pairs += 3 * pairs_per_subset
     sick = root / "SICK"
     sick.mkdir(parents=True, exist_ok=True)
-    lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"] + [
-        f"{i}\t{_sentence(rng)}\t{_sentence(rng)}\t{rng.uniform(1, 5):.1f}\tNEUTRAL"
-        for i in range(3 * pairs_per_subset)
-    ]
-    (sick / "SICK_test_annotated.txt").write_text("\n".join(lines) + "\n")
+    for name in ("SICK_trial.txt", "SICK_test_annotated.txt"):
+        lines = ["pair_ID\tsentence_A\tsentence_B\trelatedness_score\tentailment_judgment"] + [
+            f"{i}\t{_sentence(rng)}\t{_sentence(rng)}\t{rng.uniform(1, 5):.1f}\tNEUTRAL"
+            for i in range(3 * pairs_per_subset)
+        ]
+        (sick / name).write_text("\n".join(lines) + "\n")
     pairs += 3 * pairs_per_subset
     return {"skipped": skipped, "pairs": pairs}
 
@@ -131,6 +132,29 @@ def test_mean_protocol_averages_subsets_unweighted_by_size():
     assert protocol_scores(subsets, sims)["mean"]["T"] == pytest.approx(0.0)
 
 
+def test_dev_splits_are_scored_apart_from_the_seven_tasks():
+    """Hand-made vectors: the STS-B dev pairs' cosines rank as their golds (+100), SICK trial's against them
+    (-100), and neither enters the seven tasks' table or its average."""
+    from sentcl.evaluation import score_vectors
+
+    angles = {"d0": 0.0, "d1": 0.5, "d2": 1.0, "s0": 0.0, "s1": 0.5, "s2": 1.0, "t0": 0.0, "t1": 0.3}
+    vectors = np.array([[np.cos(a), np.sin(a)] for a in angles.values()])
+    ref = "ref"  # every pair's second side: (1, 0), so a pair's cosine falls as its angle grows
+    sentences, vectors = [*angles, ref], np.vstack([vectors, [1.0, 0.0]])
+
+    def subset(task, name, firsts, gold):
+        return Subset(task, name, tuple(firsts), (ref,) * len(firsts), np.array(gold, dtype=float))
+
+    benchmark = Benchmark(
+        (subset("STS12", "x", ["t0", "t1"], [5, 1]),),
+        dev=subset("STSb", "dev", ["d0", "d1", "d2"], [5, 3, 1]),
+        sick_dev=subset("SICK-R", "trial", ["s0", "s1", "s2"], [1, 3, 5]),
+    )
+    result = score_vectors(benchmark, sentences, vectors)
+    assert result["stsb_dev"] == pytest.approx(100.0) and result["sick_dev"] == pytest.approx(-100.0)
+    assert set(result["all"]) == {"STS12", "avg"} and result["all"]["avg"] == pytest.approx(100.0)
+
+
 def test_identical_rows_are_exact_ties_at_cosine_one():
     from sentcl.sts import cosine
 
@@ -152,6 +176,12 @@ def test_load_benchmark_reads_seven_tasks_and_skips_unscored_pairs(mini_data):
     assert benchmark.skipped_pairs == counts["skipped"] == 24  # one per STS12-16 subset: 5+3+6+5+5
     assert benchmark.pair_count == counts["pairs"]
     assert benchmark.dev is not None and len(benchmark.dev) == 18
+    # SICK-R trial beside it (SICK_trial.txt), never one of the seven tasks' subsets.
+    assert benchmark.sick_dev is not None and len(benchmark.sick_dev) == 18
+    assert (benchmark.sick_dev.task, benchmark.sick_dev.name) == ("SICK-R", "trial")
+    assert benchmark.sick_dev not in benchmark.subsets
+    assert set(benchmark.sick_dev.sentences1) <= set(benchmark.sentences)
+    assert load_benchmark(root, with_dev=False).sick_dev is None
     # Dedup: every sentence once, and fewer than the pair sides because the tiny vocabulary repeats some.
     assert len(benchmark.sentences) == len(set(benchmark.sentences))
 
@@ -181,11 +211,12 @@ def _naive_scores(model: Path, benchmark: Benchmark, pooling: str) -> dict:
     class NoDedup(Benchmark):
         @property
         def sentences(self):  # duplicates kept, so a repeated sentence is encoded again in another batch
-            parts = [*self.subsets, self.dev]
+            parts = [*self.subsets, self.dev, self.sick_dev]
             return [s for part in parts for side in (part.sentences1, part.sentences2) for s in side]
 
     _NAIVE[model, pooling] = evaluate(
-        NoDedup(benchmark.subsets, benchmark.dev, benchmark.skipped_pairs), encode_whole_list
+        NoDedup(benchmark.subsets, benchmark.dev, benchmark.skipped_pairs, benchmark.sick_dev),
+        encode_whole_list,
     )
     return _NAIVE[model, pooling]
 
@@ -203,6 +234,7 @@ def test_dedup_length_batching_and_backend_change_no_number(tiny_model, mini_dat
         assert got[protocol] == pytest.approx(expected[protocol], abs=1e-3)
     assert got["subsets"] == pytest.approx(expected["subsets"], abs=1e-3)
     assert got["stsb_dev"] == pytest.approx(expected["stsb_dev"], abs=1e-3)
+    assert got["sick_dev"] == pytest.approx(expected["sick_dev"], abs=1e-3)
 
 
 def test_worker_processes_give_the_vectors_of_one_process_in_input_order(tiny_model):
@@ -283,7 +315,7 @@ def test_standalone_command_on_a_tiny_model(tiny_model, mini_data, tmp_path, cap
     argv = ["--model", str(tiny_model), "--data", str(root), "--output", str(no_dev), "--no-dev"]
     assert main([*argv, "--no-progress"]) == 0
     seven = json.loads(no_dev.read_text())
-    assert seven["stsb_dev"] is None
+    assert seven["stsb_dev"] is None and seven["sick_dev"] is None
     assert seven["all"] == result["all"] and seven["subsets"] == result["subsets"]
 
 
@@ -365,4 +397,5 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
         assert summary == {
             "avg": round(written[name]["all"]["avg"], 2),
             "stsb_dev": round(written[name]["stsb_dev"], 2),
+            "sick_dev": round(written[name]["sick_dev"], 2),
         }

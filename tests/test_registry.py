@@ -141,22 +141,31 @@ def fast_registry(mlflow_server, tmp_path_factory):
     mlc.set_terminated(run_id)
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     started = time.monotonic()
-    version = registry.register_candidate(source, 62.0, PLUS1, name=FAST, run_id=run_id)
+    version = registry.register_candidate(
+        source, 62.0, PLUS1, name=FAST, run_id=run_id, tags={"dev_scores": json.dumps(SICK_DEV)}
+    )
     result = registry.promote(FAST, version=version)
     assert result["promoted"] and "first model" in result["reasons"][0]
     return {"source": source, "run_id": run_id, "seconds": time.monotonic() - started}
 
 
 PLUS1 = {k: v + 1 for k, v in TABLE.items()}
+SICK_DEV = {"sick_dev": 60.0}  # the gate's dev guard besides STS-B dev, as stages.export tags it
 
 
-def add_version(fixture: dict, stsb_dev: float, table: dict[str, float], weights: str | None = None) -> str:
+def add_version(
+    fixture: dict,
+    stsb_dev: float,
+    table: dict[str, float],
+    weights: str | None = None,
+    dev: dict[str, float] = SICK_DEV,
+) -> str:
     return registry.register_candidate(
         fixture["source"],
         stsb_dev,
         table,
         name=FAST,
-        tags={"checkpoint": "test"},
+        tags={"checkpoint": "test", "dev_scores": json.dumps(dev)},
         run_id=fixture["run_id"],
         weights_sha256=weights,
     )
@@ -232,7 +241,7 @@ def test_first_model_is_champion_and_challenger(fast_registry):
     assert fast_registry["seconds"] < 60
 
 
-def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
+def test_gate_rejects_worse_and_dev_drops_then_promotes_better_whatever_the_tests(fast_registry):
     mlc = store.client()
     before = champion(mlc, FAST)
     worse = add_version(fast_registry, 61.0, PLUS1)
@@ -241,13 +250,14 @@ def test_gate_rejects_worse_and_task_drops_then_promotes_better(fast_registry):
     assert mlc.get_model_version(FAST, worse).tags["gate.decision"] == "rejected"
     assert "min_delta" in mlc.get_model_version(FAST, worse).tags["gate.reasons"]
 
-    add_version(fast_registry, 70.0, {**PLUS1, "STS13": PLUS1["STS13"] - 3})
+    add_version(fast_registry, 70.0, PLUS1, dev={"sick_dev": SICK_DEV["sick_dev"] - 3})
     result = registry.promote(FAST)
-    assert not result["promoted"] and any("STS13 drops 3.00" in r for r in result["reasons"])
+    assert not result["promoted"] and any("sick_dev drops 3.00" in r for r in result["reasons"])
     assert champion(mlc, FAST) == before
 
+    # A test task that drops 3 is recorded on the version (sts_all) and never read by the gate.
     started = time.monotonic()
-    better = add_version(fast_registry, 70.0, PLUS1)
+    better = add_version(fast_registry, 70.0, {**PLUS1, "STS13": PLUS1["STS13"] - 3})
     result = registry.promote(FAST)
     seconds = time.monotonic() - started
     assert result["promoted"], result

@@ -3,29 +3,37 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 import yaml
 
 from sentcl.registry import (
+    TAG_DEV,
     TAG_ROLLED_BACK,
+    TAG_STS,
+    TAG_STSB_DEV,
     TAG_WEIGHTS,
     GateConfig,
     RegistryConfigError,
     choose_checkpoint,
+    dev_scores,
     gate_decision,
     promotion_blocked,
+    scores_from_tags,
+    sts_row_from_tags,
     version_weights,
     weights_fingerprint,
 )
 from tests.test_dvc_deps import ROOT
 
-TABLE = {"STS12": 70.0, "STS13": 75.0, "STSb": 80.0, "SICK-R": 72.0, "avg": 74.25}
+TABLE = {"sick_dev": 72.0}  # the dev guards besides STS-B dev: SICK-R trial
+TESTS = {"STS12": 70.0, "STS13": 75.0, "STSb": 80.0, "SICK-R": 72.0, "avg": 74.25}  # the seven test tasks
 SECTION = {
     "model_name": "m",
     "experiment_model_name": "m-exp",
     "min_delta": 0.5,
-    "max_task_drop": 1.0,
+    "max_dev_drop": 1.0,
     "min_domain_delta": 1.0,
 }
 CONFIG = GateConfig.from_params({"registry": SECTION})
@@ -43,19 +51,59 @@ def test_worse_or_equal_or_within_noise_is_never_promoted(delta):
     assert "min_delta 0.50" in reasons[0]
 
 
-def test_better_dev_promotes_unless_a_task_drops_too_much():
+def test_better_dev_promotes_unless_sick_trial_drops_too_much():
     assert gate_decision((81.0, TABLE, None), (80.0, TABLE, None), CONFIG)[0]
-    dropped = {**TABLE, "SICK-R": 70.5}
-    promoted, reasons = gate_decision((81.0, dropped, None), (80.0, TABLE, None), CONFIG)
+    # Exactly max_dev_drop is allowed; more is not.
+    assert gate_decision((81.0, {"sick_dev": 71.0}, None), (80.0, TABLE, None), CONFIG)[0]
+    promoted, reasons = gate_decision((81.0, {"sick_dev": 70.5}, None), (80.0, TABLE, None), CONFIG)
     assert not promoted
-    assert any("SICK-R drops 1.50" in r for r in reasons)
+    assert any("sick_dev drops 1.50 > max_dev_drop 1.00" in r for r in reasons)
+
+
+def tags(stsb: float, sick: float | None, tests: dict[str, float]) -> dict[str, str]:
+    """A registered version's tags as stages.export writes them."""
+    out = {TAG_STSB_DEV: f"{stsb:.6f}", TAG_STS: json.dumps(tests)}
+    if sick is not None:
+        out[TAG_DEV] = json.dumps({"sick_dev": sick})
+    return out
+
+
+def test_the_gate_never_reads_a_test_score():
+    """A challenger that loses 10 points on every test task but holds its dev scores is promoted; one that keeps
+    every test score but loses SICK-R trial is not. The seven test scores are on the version, for the record."""
+    collapsed = {task: score - 10 for task, score in TESTS.items()}
+    champion = scores_from_tags(tags(80.0, 72.0, TESTS))
+    assert gate_decision(scores_from_tags(tags(81.0, 72.0, collapsed)), champion, CONFIG)[0]
+    promoted, reasons = gate_decision(scores_from_tags(tags(81.0, 70.0, TESTS)), champion, CONFIG)
+    assert not promoted and any("sick_dev drops 2.00" in r for r in reasons)
+    assert not any(task in " ".join(reasons) for task in ("STS12", "STS13", "SICK-R"))
+
+
+def test_a_champion_registered_without_sick_trial_is_compared_on_sts_b_dev_only():
+    old_champion = scores_from_tags(tags(80.0, None, TESTS))
+    promoted, reasons = gate_decision(scores_from_tags(tags(81.0, 60.0, TESTS)), old_champion, CONFIG)
+    assert promoted and any("champion has no sick_dev score recorded" in r for r in reasons)
+    # A challenger without it is rejected while the champion has one: the guard cannot be checked.
+    promoted, reasons = gate_decision(
+        scores_from_tags(tags(85.0, None, TESTS)), scores_from_tags(tags(80.0, 72.0, TESTS)), CONFIG
+    )
+    assert not promoted and any("challenger has no sick_dev score" in r for r in reasons)
+
+
+def test_dev_scores_and_the_registered_row():
+    row = {"all": TESTS, "stsb_dev": 80.0, "sick_dev": 72.5, "mean": {}, "seconds": 3.0}
+    assert dev_scores(row) == {"sick_dev": 72.5}
+    assert dev_scores({"all": TESTS, "stsb_dev": 80.0, "sick_dev": None}) == {}
+    registered = sts_row_from_tags(tags(80.0, 72.5, TESTS))
+    assert registered == {"all": TESTS, "stsb_dev": 80.0, "sick_dev": 72.5}
+    assert sts_row_from_tags(tags(80.0, None, TESTS)) == {"all": TESTS, "stsb_dev": 80.0}
 
 
 def test_domain_gain_is_weighed_against_general_sts():
-    # STS-B dev dips 0.5 (within max_task_drop) but the domain gains 5: promoted.
+    # STS-B dev dips 0.5 (within max_dev_drop) but the domain gains 5: promoted.
     promoted, reasons = gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)
     assert promoted, reasons
-    # STS-B dev dips 2 (beyond max_task_drop): the domain gain does not buy that.
+    # STS-B dev dips 2 (beyond max_dev_drop): the domain gain does not buy that.
     assert not gate_decision((78.0, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)[0]
     # STS-B dev gains, but the domain collapses: rejected.
     assert not gate_decision((82.0, TABLE, 50.0), (80.0, TABLE, 60.0), CONFIG)[0]
@@ -81,7 +129,8 @@ def test_gate_config_comes_from_params_yaml_only():
     [
         ({"min_dleta": 0.3}, "unknown key 'min_dleta' in section 'registry'"),
         ({"min_delta": -1}, "registry.min_delta must be >= 0"),
-        ({"max_task_drop": "lots"}, "registry.max_task_drop must be a number"),
+        ({"max_dev_drop": "lots"}, "registry.max_dev_drop must be a number"),
+        ({"max_task_drop": 1.0}, "unknown key 'max_task_drop' in section 'registry'"),
         ({"experiment_model_name": "m"}, "must differ from model_name"),
     ],
 )
