@@ -42,7 +42,7 @@ from sentcl.registry import (
     weight_file_digests,
     weights_fingerprint,
 )
-from sentcl_mlflow.store import client, git_commit, load_params_file
+from sentcl_mlflow.store import TrackingAuthError, client, git_commit, load_params_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -129,12 +129,14 @@ def _error_code(error: Exception) -> str:
 # --------------------------------------------------------------------------------------------- the lease
 
 
-class PromotionLeaseDenied(PermissionError):
-    """This account may not take the promotion lease (only the gate's account may promote)."""
+class PromotionLeaseDenied(TrackingAuthError):
+    """This account may not take the promotion lease (only the gate's account may promote). Not transient:
+    every caller that reports refused credentials in one line reports this one too."""
 
 
-class PromotionLeaseLost(RuntimeError):
-    """The lease was broken (expired while this process was still working); nothing more is written."""
+class PromotionLeaseLost(PromotionLockTimeout):
+    """The lease was broken (expired while this process was still working); nothing more is written.
+    Transient, like a lease that stayed busy: a retry takes a fresh lease."""
 
 
 LEASE_SOURCE = "sentcl-lease:/promotion-lease"  # never read: a lease version has no files
