@@ -93,6 +93,8 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
 
     prod_lease = config.model_name + LEASE_SUFFIX
     exp_lease = config.experiment_model_name + LEASE_SUFFIX
+    for lease in (prod_lease, exp_lease):
+        _recreate_if_idle(mlc, lease)
     for name in (config.model_name, config.experiment_model_name, prod_lease, exp_lease):
         try:
             mlc.create_registered_model(name)  # owned by the admin, so nobody else gets MANAGE by creating it
@@ -115,6 +117,8 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         grant(auth, team_user, "experiment", exp_id, "EDIT")
         grant(auth, team_user, "registered_model", config.experiment_model_name, "MANAGE")
         grant(auth, team_user, "registered_model", exp_lease, "MANAGE")
+        # Explicitly READ (replacing any MANAGE its creator got) on the production model's lease.
+        grant(auth, team_user, "registered_model", prod_lease, "READ")
         accounts["team"] = team_user
     print(
         f"auth: {gate_user} may edit {config.model_name!r} (champion); "
@@ -126,6 +130,21 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         + "everyone else reads"
     )
     return accounts
+
+
+def _recreate_if_idle(mlc, lease: str) -> None:  # noqa: ANN001
+    """A lease model nobody holds or waits on (no versions) is deleted and created again below as the
+    admin, which drops whatever permissions its creator got: one a teammate made before setup (or under an
+    older version of this code) is theirs no more. A lease in use is left alone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if list(mlc.search_model_versions(f"name='{lease}'")):
+            return
+        mlc.delete_registered_model(lease)
+    except MlflowException as e:
+        if str(getattr(e, "error_code", "")) != "RESOURCE_DOES_NOT_EXIST":
+            raise
 
 
 def _required(name: str) -> str:
@@ -143,7 +162,18 @@ def main(argv: list[str] | None = None) -> int:
     if argv != ["setup"]:
         print("usage: python -m sentcl_mlflow.auth setup|bootstrap", file=sys.stderr)
         return 2
-    setup()
+    from mlflow.exceptions import MlflowException
+
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+
+    try:
+        setup()
+    except (TrackingAuthError, MlflowException) as e:
+        print(f"auth: {getattr(e, 'message', e)}".splitlines()[0], file=sys.stderr)
+        return 2
+    except TrackingUnavailableError as e:
+        print(f"auth: {e}", file=sys.stderr)
+        return 75
     return 0
 
 

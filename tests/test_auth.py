@@ -279,8 +279,16 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
 
     _setup_as_admin(monkeypatch)
     lease_model = CONFIG.model_name + registry.LEASE_SUFFIX
+    # The attack: a teammate creates the lease model first (here: after the admin removed it), which
+    # makes it theirs. The next setup (every make serve / compose up) takes it back: an idle lease model is
+    # created again by the admin.
+    store.client().delete_registered_model(lease_model)
+    as_user(monkeypatch, TEAM)
+    store.client().create_registered_model(lease_model, tags={"owner": "teammate", "expires": "0"})
+    _setup_as_admin(monkeypatch)
     as_user(monkeypatch, TEAM)
     mlc = store.client()
+    assert "owner" not in (mlc.get_registered_model(lease_model).tags or {})
     with pytest.raises(MlflowException):  # it exists (the admin made it): nobody else owns it
         mlc.create_registered_model(lease_model)
     with pytest.raises(registry.PromotionLeaseDenied, match="only the gate's account"):
