@@ -9,7 +9,8 @@ With ``PREFECT_API_URL`` set (a Prefect server, as under `make serve`) the gate 
 server-wide promotion slot; without it, it runs directly. Either way the gate takes the promotion lease in
 the registry (sentcl_mlflow.registry.promotion_lock), which serialises it against every other machine, and
 re-reads the champion after taking it. Exit 0 when the gate ran (promoted or not); 2 with one line when it
-could not (no such version, a server down, credentials refused).
+could not (no such version, credentials refused, an account other than the gate's); 75 with one line when
+trying again later may work (the lease is busy or was lost, the tracking server did not answer).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from prefect import flow
 from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
 from sentcl_mlflow import registry
 
+EXIT_TRANSIENT = 75  # EX_TEMPFAIL, as stages.common: try again later
+
 TIMEOUT_S = flow_config().stage_timeout_s or None
 
 
@@ -33,6 +36,16 @@ def promote_flow(
 ) -> dict[str, Any]:
     with promotion_slot():
         return registry.promote(model, version=version, actor=actor, force=force)
+
+
+@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
+def promote_deployed(version: str | None = None, model: str | None = None) -> dict[str, Any]:
+    """What the ``promote-local`` deployment runs (on the worker, as the gate's account): the gate with its
+    score rules and nothing else. No ``force``, no rollback, no actor: those need the gate's MLflow
+    credentials in the caller's own environment (``python -m flows.promote ... --force --by NAME``), so the
+    Prefect auth string alone cannot force a promotion."""
+    with promotion_slot():
+        return registry.promote(model, version=version, actor="deployment promote-local")
 
 
 @flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -58,22 +71,36 @@ def main(argv: list[str] | None = None) -> int:
         print("promote: --force needs the name of the person forcing it: --by NAME", file=sys.stderr)
         return 2
     orchestrated = bool(os.environ.get("PREFECT_API_URL"))
-    try:
-        with cli_errors("promote"):
+    from mlflow.exceptions import MlflowException
+
+    def run() -> None:
+        if orchestrated:
+            check_prefect_api()
+        if args.rollback:
             if orchestrated:
-                check_prefect_api()
-            if args.rollback:
-                if orchestrated:
-                    rollback_flow(args.reason, args.by, args.model)
-                else:
-                    registry.rollback(args.model, actor=args.by, reason=args.reason)
-            elif orchestrated:
-                promote_flow(args.version, args.by, args.model, args.force)
+                rollback_flow(args.reason, args.by, args.model)
             else:
-                registry.promote(args.model, version=args.version, actor=args.by, force=args.force)
-    except LookupError as e:
-        print(f"promote: {e}", file=sys.stderr)
-        return 2
+                registry.rollback(args.model, actor=args.by, reason=args.reason)
+        elif orchestrated:
+            promote_flow(args.version, args.by, args.model, args.force)
+        else:
+            registry.promote(args.model, version=args.version, actor=args.by, force=args.force)
+
+    with cli_errors("promote"):
+        try:
+            run()
+        except (LookupError, registry.PromotionLeaseDenied) as e:
+            print(f"promote: {e}", file=sys.stderr)
+            return 2
+        except (registry.PromotionLockTimeout, registry.PromotionLeaseLost) as e:
+            print(f"promote: {e}", file=sys.stderr)
+            return EXIT_TRANSIENT
+        except MlflowException as e:
+            if e.error_code not in ("PERMISSION_DENIED", "UNAUTHENTICATED"):
+                raise
+            who = os.environ.get("MLFLOW_TRACKING_USERNAME") or "no account"
+            print(f"promote: MLflow refused {who}: {e.message.splitlines()[0]}", file=sys.stderr)
+            return 2
     return 0
 
 

@@ -2,17 +2,19 @@
 # The MLflow tracking + registry server with MLflow's basic-auth app: what `make serve` runs, and what the
 # authentication tests start. Every secret comes from the environment; nothing has a default.
 #   infra/mlflow-server.sh PORT BACKEND_STORE_URI ARTIFACTS_DIR
-# Needs: MLFLOW_AUTH_ADMIN_PASSWORD (the admin account, created on first start; MLFLOW_AUTH_ADMIN_USERNAME,
-#        default admin), MLFLOW_FLASK_SERVER_SECRET_KEY (CSRF of the auth app).
+# Needs: MLFLOW_FLASK_SERVER_SECRET_KEY (CSRF of the auth app); on the first start only (no users database
+#        yet), MLFLOW_AUTH_ADMIN_PASSWORD: a short-lived `python -m sentcl_mlflow.auth bootstrap` creates the
+#        admin (MLFLOW_AUTH_ADMIN_USERNAME, default admin) and the server itself starts without the password.
 # Optional: MLFLOW_HOST (default 127.0.0.1), MLFLOW_ALLOWED_HOSTS (Host headers accepted, comma-separated;
 #        default loopback:PORT), SENTCL_RUN_DIR (where the users database and its config live).
 set -euo pipefail
 PORT="$1"; STORE="$2"; ARTIFACTS="$3"
-: "${MLFLOW_AUTH_ADMIN_PASSWORD:?set MLFLOW_AUTH_ADMIN_PASSWORD (see .env.example)}"
 : "${MLFLOW_FLASK_SERVER_SECRET_KEY:?set MLFLOW_FLASK_SERVER_SECRET_KEY (see .env.example)}"
 export MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 HOST="${MLFLOW_HOST:-127.0.0.1}"
-RUN="${SENTCL_RUN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/.run}"
+ROOT="$(cd "$(dirname "$0")/.." && pwd)"
+RUN="${SENTCL_RUN_DIR:-$ROOT/.run}"
+umask 077                                   # the users database and its config: the owner's alone
 mkdir -p "$RUN" "$ARTIFACTS"
 # Users and permissions: their own database beside the run files. default_permission READ: a user reads
 # what nobody granted them more on; the gate's account alone edits the production model (sentcl_mlflow.auth).
@@ -22,7 +24,14 @@ default_permission = READ
 database_uri = sqlite:///$RUN/mlflow-users.db
 authorization_function = mlflow.server.auth:authenticate_request_basic_auth
 INI
+chmod 600 "$RUN/mlflow-auth.ini"
 export MLFLOW_AUTH_CONFIG_PATH="$RUN/mlflow-auth.ini"
-exec "${MLFLOW_BIN:-mlflow}" server --app-name basic-auth --host "$HOST" --port "$PORT" --workers 1 \
-  --backend-store-uri "$STORE" --artifacts-destination "$ARTIFACTS" --serve-artifacts \
+MLFLOW_BIN="${MLFLOW_BIN:-mlflow}"
+if [[ "$MLFLOW_BIN" == */* ]]; then PY="$(dirname "$MLFLOW_BIN")/python"; else PY="${SENTCL_PYTHON:-python3}"; fi
+PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PY" -m sentcl_mlflow.auth bootstrap
+[[ -f "$RUN/mlflow-users.db" ]] && chmod 600 "$RUN/mlflow-users.db"
+# No background job runner (MLflow's GenAI jobs: unused here; its huey consumers ignore TERM for minutes).
+export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
+exec env -u MLFLOW_AUTH_ADMIN_PASSWORD "$MLFLOW_BIN" server --app-name basic-auth --host "$HOST" \
+  --port "$PORT" --workers 1 --backend-store-uri "$STORE" --artifacts-destination "$ARTIFACTS" --serve-artifacts \
   --allowed-hosts "${MLFLOW_ALLOWED_HOSTS:-127.0.0.1:$PORT,localhost:$PORT}"

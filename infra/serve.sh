@@ -2,20 +2,54 @@
 # `make serve`: a local Prefect server (API auth string, CSRF on, CORS = its own UI), a process work pool +
 # worker, the deployments of infra/prefect.yaml (*-local), the promotion concurrency limit, the inbox watcher,
 # and the MLflow tracking server with MLflow's basic-auth app. Loopback only unless MLFLOW_HOST/PREFECT_HOST
-# say otherwise. Secrets come from the environment (or a .env file beside the Makefile; see .env.example).
-# The worker, its flow runs and the stages they start use the MLflow server over HTTP as the gate's account.
-# PIDs, command lines and logs go to .run/; `make stop` (infra/stop.sh) ends exactly those processes.
+# say otherwise. Secrets come from the environment or a .env file beside the Makefile (see .env.example;
+# the environment wins). The file is parsed, never sourced: only the keys below are read, the rest (the
+# compose-only keys of infra/compose.env.example) ignored, and nothing in it is exported wholesale.
+# Each process gets only its own secrets (what /proc/<pid>/environ of each shows):
+#   Prefect server    PREFECT_SERVER_API_AUTH_STRING
+#   MLflow server     MLFLOW_FLASK_SERVER_SECRET_KEY (the admin is created beforehand, by `auth bootstrap`)
+#   auth setup        the admin's password, the gate's and the teammate's (short-lived)
+#   worker + its flow runs + their stages: PREFECT_API_AUTH_STRING and the gate's MLflow account (they gate)
+#   watcher           PREFECT_API_AUTH_STRING (it only emits events)
+# Safe to run again: what runs is left running, what crashed (a stale PID) is started again, setup is
+# idempotent. PIDs, command lines and logs go to .run/ (0700); `make stop` (infra/stop.sh) ends them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
-if [[ -f "${SENTCL_ENV_FILE:-$ROOT/.env}" ]]; then set -a; source "${SENTCL_ENV_FILE:-$ROOT/.env}"; set +a; fi
+umask 077
+SECRET_KEYS=(PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD
+  SENTCL_TEAM_PASSWORD)
+SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENTCL_TEAM_USER)
+is_serve_key() { local k; for k in "${SERVE_KEYS[@]}"; do [[ "$k" == "$1" ]] && return 0; done; return 1; }
+ENV_FILE="${SENTCL_ENV_FILE:-$ROOT/.env}"
+if [[ -f "$ENV_FILE" ]]; then
+  lineno=0
+  while IFS= read -r line || [[ -n "$line" ]]; do
+    lineno=$((lineno + 1))
+    line="${line%$'\r'}"
+    [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
+    if [[ ! "$line" =~ ^[[:space:]]*(export[[:space:]]+)?([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]]; then
+      echo "serve: $ENV_FILE line $lineno is not KEY=VALUE" >&2; exit 2
+    fi
+    key="${BASH_REMATCH[2]}" value="${BASH_REMATCH[3]}"
+    is_serve_key "$key" || continue                       # compose-only (or foreign): not make serve's
+    [[ -n "${!key:-}" ]] && continue                      # the environment wins
+    if [[ "$value" =~ ^\"(.*)\"$ || "$value" =~ ^\'(.*)\'$ ]]; then value="${BASH_REMATCH[1]}"; fi
+    printf -v "$key" '%s' "$value"
+  done <"$ENV_FILE"
+fi
 : "${PREFECT_AUTH_STRING:?set PREFECT_AUTH_STRING=user:password (see .env.example)}"
 : "${MLFLOW_AUTH_ADMIN_PASSWORD:?set MLFLOW_AUTH_ADMIN_PASSWORD (see .env.example)}"
 : "${MLFLOW_FLASK_SERVER_SECRET_KEY:?set MLFLOW_FLASK_SERVER_SECRET_KEY (see .env.example)}"
 : "${SENTCL_GATE_PASSWORD:?set SENTCL_GATE_PASSWORD (see .env.example)}"
-export SENTCL_GATE_USER="${SENTCL_GATE_USER:-sentcl-gate}"
-export MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
-export MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY
+SENTCL_GATE_USER="${SENTCL_GATE_USER:-sentcl-gate}"
+MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
+SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"
+# Shell variables from here on, never exported: a process gets a secret only where it is named below. The
+# caller's own copies of other secrets (compose's, a personal MLflow login) are not passed on either.
+export -n "${SERVE_KEYS[@]}"
+unset PREFECT_API_AUTH_STRING PREFECT_SERVER_API_AUTH_STRING MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD \
+  POSTGRES_PASSWORD MINIO_ROOT_USER MINIO_ROOT_PASSWORD S3_ACCESS_KEY S3_SECRET_KEY
 VENV="${VENV:-.venv}"
 [[ "$VENV" == /* ]] || VENV="$ROOT/$VENV"
 BIN="$VENV/bin"
@@ -26,27 +60,49 @@ POOL="${SENTCL_POOL:-sentcl-gpu-local}"
 INBOX="${SENTCL_INBOX:-$ROOT/inbox}"
 PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"
 mkdir -p "$RUN" "$INBOX"
+chmod 700 "$RUN"
 INBOX="$(cd "$INBOX" && pwd)"
 
 export SENTCL_ROOT="$ROOT" SENTCL_INBOX="$INBOX"
 export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"      # this checkout's server database, not ~/.prefect
 export PREFECT_API_URL="${PREFECT_PUBLIC_API_URL:-http://127.0.0.1:$PREFECT_PORT/api}"
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
-export PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING"       # clients: CLI, worker, watcher, flow runs
 export DO_NOT_TRACK="${DO_NOT_TRACK:-1}" MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export PATH="$BIN:$PATH"
 
-running() { [[ -f "$RUN/$1.pid" ]] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+gone() {  # pid: exited, or a zombie nobody reaped (a crashed leader whose workers may still hold the port)
+  ! kill -0 "$1" 2>/dev/null || [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" == Z ]]
+}
+alive() { [[ -f "$RUN/$1.pid" ]] && ! gone "$(cat "$RUN/$1.pid")"; }
+running() {  # name: its PID is alive and still runs what serve started (a reused PID is not ours)
+  alive "$1" || return 1
+  local pid
+  pid="$(cat "$RUN/$1.pid")"
+  [[ ! -f "$RUN/$1.cmdline" ]] || [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == "$(cat "$RUN/$1.cmdline")" ]]
+}
 
 start() {  # name, command...: own session (so stop can end its children too), pid file, log file
   local name="$1"; shift
   if running "$name"; then echo "serve: $name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
+  if [[ -f "$RUN/$name.pid" ]]; then
+    # It crashed (or its PID now belongs to another program). What is left of its own session (a server's
+    # workers, which would keep the port) is ended first; the session id is the PID serve started it with.
+    local old
+    old="$(cat "$RUN/$name.pid")"
+    echo "serve: $name (pid $old) is gone; starting it again"
+    if gone "$old" && kill -TERM -- "-$old" 2>/dev/null; then
+      for _ in $(seq 1 20); do pgrep -g "$old" | grep -qv "^$old\$" || break; sleep 0.5; done
+      kill -KILL -- "-$old" 2>/dev/null || true
+      sleep 0.5
+    fi
+    rm -f "$RUN/$name.pid" "$RUN/$name.cmdline"
+  fi
   setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
   local pid=$!
   echo "$pid" >"$RUN/$name.pid"
   # Once setsid has exec'd the command: its command line is what `make stop` checks before signalling.
   for _ in $(seq 1 50); do
-    [[ -r "/proc/$pid/cmdline" ]] && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q '^setsid ' && break
+    [[ -r "/proc/$pid/cmdline" ]] && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE '^(setsid|env) ' && break
     sleep 0.1
   done
   record "$name"
@@ -68,17 +124,18 @@ try:
 except urllib.error.HTTPError:
     pass" "$2" 2>/dev/null; do
     if (( SECONDS > deadline )); then echo "serve: $1 did not answer on $2; see $RUN/$1.log" >&2; exit 1; fi
-    if ! running "$1"; then echo "serve: $1 exited; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1; fi
+    if ! alive "$1"; then echo "serve: $1 exited; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1; fi
     sleep 1
   done
   record "$1"
   echo "serve: $1 answers on $2"
 }
 
-# The server alone holds the auth string as PREFECT_SERVER_API_AUTH_STRING; CORS admits only its own UI.
+# The server alone holds the auth string as PREFECT_SERVER_API_AUTH_STRING; CORS admits only its own UI
+# (compose's PREFECT_UI_ORIGIN is not make serve's).
 PREFECT_SERVER_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
 PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true \
-PREFECT_SERVER_CORS_ALLOWED_ORIGINS="${PREFECT_UI_ORIGIN:-http://127.0.0.1:$PREFECT_PORT}" \
+PREFECT_SERVER_CORS_ALLOWED_ORIGINS="http://127.0.0.1:$PREFECT_PORT" \
   start prefect-server "$BIN/prefect" server start --host "$PREFECT_HOST" --port "$PREFECT_PORT"
 wait_http prefect-server "http://127.0.0.1:$PREFECT_PORT/api/health" 120
 # Flows started by hand from this checkout find the server here (flows/__init__.py), while its pid is alive.
@@ -88,30 +145,40 @@ echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
 # the basic-auth app. From here on everything this script starts talks to it over HTTP, never to the file.
 STORE="${SENTCL_MLFLOW_BACKEND:-${MLFLOW_TRACKING_URI:-sqlite:///$ROOT/mlflow.db}}"
 if [[ "$STORE" == sqlite:* ]]; then
-  MLFLOW_BIN="$BIN/mlflow" start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ROOT/mlartifacts"
+  # The script creates the admin with a short-lived bootstrap, then execs the server without the password.
+  MLFLOW_BIN="$BIN/mlflow" MLFLOW_AUTH_ADMIN_USERNAME="$MLFLOW_AUTH_ADMIN_USERNAME" \
+  MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_AUTH_ADMIN_PASSWORD" MLFLOW_FLASK_SERVER_SECRET_KEY="$MLFLOW_FLASK_SERVER_SECRET_KEY" \
+    start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ROOT/mlartifacts"
   wait_http mlflow-server "http://127.0.0.1:$MLFLOW_PORT/health" 180
   export MLFLOW_TRACKING_URI="${MLFLOW_PUBLIC_URI:-http://127.0.0.1:$MLFLOW_PORT}"
   MLFLOW_TRACKING_USERNAME="$MLFLOW_AUTH_ADMIN_USERNAME" MLFLOW_TRACKING_PASSWORD="$MLFLOW_AUTH_ADMIN_PASSWORD" \
-    "$BIN/python" -m sentcl_mlflow.auth setup
+  SENTCL_GATE_USER="$SENTCL_GATE_USER" SENTCL_GATE_PASSWORD="$SENTCL_GATE_PASSWORD" \
+  SENTCL_TEAM_USER="$SENTCL_TEAM_USER" SENTCL_TEAM_PASSWORD="$SENTCL_TEAM_PASSWORD" \
+    "$BIN/python" -m sentcl_mlflow.auth setup \
+    || { echo "serve: MLflow account setup failed (above); make stop ends what started" >&2; exit 1; }
 else
   export MLFLOW_TRACKING_URI="$STORE"
   echo "serve: MLFLOW_TRACKING_URI=$STORE is a shared server; no local MLflow server started"
 fi
-export MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_GATE_PASSWORD"
-
-"$BIN/prefect" --no-prompt work-pool create "$POOL" --type process --overwrite >/dev/null
-"$BIN/prefect" --no-prompt global-concurrency-limit create sentcl-promotion --limit 1 >/dev/null 2>&1 || true
-"$BIN/prefect" --no-prompt deploy --prefect-file infra/prefect.yaml \
+prefect_cli() { PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" "$BIN/prefect" --no-prompt "$@"; }
+# The pool's base job template fixes command, env and working_dir: job variables cannot change them.
+prefect_cli work-pool create "$POOL" --type process --base-job-template infra/process-job-template.json \
+  --overwrite >/dev/null
+prefect_cli global-concurrency-limit create sentcl-promotion --limit 1 >/dev/null 2>&1 || true
+prefect_cli deploy --prefect-file infra/prefect.yaml \
   -n retrain-local -n pipeline-local -n promote-local >"$RUN/deploy.log" 2>&1 \
   || { echo "serve: prefect deploy failed; see $RUN/deploy.log" >&2; tail -30 "$RUN/deploy.log" >&2; exit 1; }
 echo "serve: deployments retrain-local, pipeline-local, promote-local registered (pool $POOL)"
 
-start worker "$BIN/prefect" worker start --pool "$POOL" --type process
-start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
+# The worker's flow runs (and the stages they start) gate: they alone get the gate's MLflow account.
+PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
+MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_GATE_PASSWORD" \
+  start worker "$BIN/prefect" worker start --pool "$POOL" --type process
+PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
 # A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
 deadline=$((SECONDS + 120))
 until grep -q "^watch: watching" "$RUN/watcher.log" 2>/dev/null; do
-  if (( SECONDS > deadline )) || ! running watcher; then
+  if (( SECONDS > deadline )) || ! alive watcher; then
     echo "serve: the inbox watcher did not start; see $RUN/watcher.log" >&2; tail -20 "$RUN/watcher.log" >&2; exit 1
   fi
   sleep 1
@@ -119,7 +186,7 @@ done
 
 # What `make stop` checks before it signals a PID: the command line each process runs now (after exec).
 for name in prefect-server mlflow-server worker watcher; do
-  if running "$name"; then record "$name"; fi
+  if alive "$name"; then record "$name"; fi
 done
 
 cat <<MSG

@@ -28,7 +28,14 @@ for name in watcher worker mlflow-server prefect-server; do
   pidfile="$RUN/$name.pid"
   [[ -f "$pidfile" ]] || continue
   pid="$(cat "$pidfile")"
-  if ! kill -0 "$pid" 2>/dev/null; then
+  zombie=""
+  [[ "$(sed 's/.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)" == Z ]] && zombie=1
+  if ! kill -0 "$pid" 2>/dev/null || [[ -n "$zombie" ]]; then
+    # It crashed: what is left of its own session (a server's workers) is ended, then the record goes.
+    if kill -TERM -- "-$pid" 2>/dev/null; then
+      sleep 2; kill -KILL -- "-$pid" 2>/dev/null
+      echo "stop: $name (pid $pid) had exited; ended what was left of its session"
+    fi
     rm -f "$pidfile" "$RUN/$name.cmdline"
     continue
   fi

@@ -1,15 +1,23 @@
 """Accounts and permissions of an MLflow server running the basic-auth app (``make serve``, compose).
 
+    python -m sentcl_mlflow.auth bootstrap  # before the server starts: the users database and the admin
     python -m sentcl_mlflow.auth setup      # as the admin: MLFLOW_TRACKING_USERNAME/PASSWORD = the admin's
 
 MLflow has no permission per alias, so the production registered model (``registry.model_name``) is
 editable by the gate's account only: everyone else reads it (the server's ``default_permission = READ``)
-and cannot move ``champion``. ``setup`` is idempotent and reads every secret from the environment:
+and cannot move ``champion``. The promotion lease of each model (``<model>.promotion-lease``, see
+``sentcl_mlflow.registry.promotion_lock``) is a registered model the admin creates here, so only the accounts
+granted on it can take it. ``setup`` is idempotent (run at every ``make serve`` and compose ``up``: what
+exists is kept, a permission that differs is replaced) and reads every secret from the environment:
 
 - ``SENTCL_GATE_USER`` / ``SENTCL_GATE_PASSWORD``: the account the pipeline, the flows and the worker use;
-  MANAGE on the production model and on the experiments model, EDIT on the experiment;
+  MANAGE on the production model, the experiments model and both leases, EDIT on the experiment;
 - ``SENTCL_TEAM_USER`` / ``SENTCL_TEAM_PASSWORD`` (optional): a teammate's account; EDIT on the experiment
-  (log runs), MANAGE on the experiments model (``registry.experiment_model_name``), READ on production.
+  (log runs), MANAGE on the experiments model (``registry.experiment_model_name``) and its lease, READ on
+  production and on its lease (so it can neither take nor hold the production lease).
+
+``bootstrap`` creates the admin in the users database named by ``MLFLOW_AUTH_CONFIG_PATH`` before the
+server starts, so the server process itself never holds the admin password (``infra/mlflow-server.sh``).
 """
 
 from __future__ import annotations
@@ -39,7 +47,38 @@ def ensure_user(auth, username: str, password: str) -> None:  # noqa: ANN001
 
 
 def grant(auth, username: str, resource_type: str, resource_id: str, permission: str) -> None:  # noqa: ANN001
+    """Idempotent: an existing grant that says the same is kept, one that differs is replaced."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        auth.grant_user_permission(username, resource_type, resource_id, permission)
+        return
+    except MlflowException as e:
+        if "RESOURCE_ALREADY_EXISTS" not in str(getattr(e, "error_code", "")) + str(e):
+            raise
+    current = auth.get_user_permission(username, resource_type, resource_id).permission
+    if str(current).upper() == permission.upper():
+        return
+    auth.revoke_user_permission(username, resource_type, resource_id)
     auth.grant_user_permission(username, resource_type, resource_id, permission)
+
+
+def bootstrap() -> None:
+    """The users database and the admin account, before the server starts (the server then needs no admin
+    password). Reads MLFLOW_AUTH_CONFIG_PATH, MLFLOW_AUTH_ADMIN_USERNAME and MLFLOW_AUTH_ADMIN_PASSWORD."""
+    import configparser
+
+    from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
+
+    config = configparser.ConfigParser()
+    config.read(_required("MLFLOW_AUTH_CONFIG_PATH"))
+    username = os.environ.get("MLFLOW_AUTH_ADMIN_USERNAME") or "admin"
+    users = SqlAlchemyStore()
+    users.init_db(config["mlflow"]["database_uri"])
+    if users.has_user(username):
+        return
+    users.create_user(username, _required("MLFLOW_AUTH_ADMIN_PASSWORD"), is_admin=True)
+    print(f"auth: created the admin account {username!r}")
 
 
 def setup(config: GateConfig | None = None) -> dict[str, str]:
@@ -50,7 +89,13 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     gate_user, gate_password = _required("SENTCL_GATE_USER"), _required("SENTCL_GATE_PASSWORD")
     mlc = client()
     auth = _auth_client()
-    for name in (config.model_name, config.experiment_model_name):
+    from sentcl_mlflow.registry import LEASE_SUFFIX
+
+    prod_lease = config.model_name + LEASE_SUFFIX
+    exp_lease = config.experiment_model_name + LEASE_SUFFIX
+    for lease in (prod_lease, exp_lease):
+        _recreate_if_idle(mlc, lease)
+    for name in (config.model_name, config.experiment_model_name, prod_lease, exp_lease):
         try:
             mlc.create_registered_model(name)  # owned by the admin, so nobody else gets MANAGE by creating it
         except MlflowException as e:
@@ -62,6 +107,8 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     ensure_user(auth, gate_user, gate_password)
     grant(auth, gate_user, "registered_model", config.model_name, "MANAGE")
     grant(auth, gate_user, "registered_model", config.experiment_model_name, "MANAGE")
+    grant(auth, gate_user, "registered_model", prod_lease, "MANAGE")
+    grant(auth, gate_user, "registered_model", exp_lease, "MANAGE")
     grant(auth, gate_user, "experiment", exp_id, "EDIT")
     accounts = {"gate": gate_user}
     team_user, team_password = os.environ.get("SENTCL_TEAM_USER"), os.environ.get("SENTCL_TEAM_PASSWORD")
@@ -69,6 +116,9 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         ensure_user(auth, team_user, team_password)
         grant(auth, team_user, "experiment", exp_id, "EDIT")
         grant(auth, team_user, "registered_model", config.experiment_model_name, "MANAGE")
+        grant(auth, team_user, "registered_model", exp_lease, "MANAGE")
+        # Explicitly READ (replacing any MANAGE its creator got) on the production model's lease.
+        grant(auth, team_user, "registered_model", prod_lease, "READ")
         accounts["team"] = team_user
     print(
         f"auth: {gate_user} may edit {config.model_name!r} (champion); "
@@ -82,6 +132,21 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     return accounts
 
 
+def _recreate_if_idle(mlc, lease: str) -> None:  # noqa: ANN001
+    """A lease model nobody holds or waits on (no versions) is deleted and created again below as the
+    admin, which drops whatever permissions its creator got: one a teammate made before setup (or under an
+    older version of this code) is theirs no more. A lease in use is left alone."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        if list(mlc.search_model_versions(f"name='{lease}'")):
+            return
+        mlc.delete_registered_model(lease)
+    except MlflowException as e:
+        if str(getattr(e, "error_code", "")) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+
+
 def _required(name: str) -> str:
     value = os.environ.get(name)
     if not value:
@@ -91,10 +156,24 @@ def _required(name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["bootstrap"]:
+        bootstrap()
+        return 0
     if argv != ["setup"]:
-        print("usage: python -m sentcl_mlflow.auth setup", file=sys.stderr)
+        print("usage: python -m sentcl_mlflow.auth setup|bootstrap", file=sys.stderr)
         return 2
-    setup()
+    from mlflow.exceptions import MlflowException
+
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+
+    try:
+        setup()
+    except (TrackingAuthError, MlflowException) as e:
+        print(f"auth: {getattr(e, 'message', e)}".splitlines()[0], file=sys.stderr)
+        return 2
+    except TrackingUnavailableError as e:
+        print(f"auth: {e}", file=sys.stderr)
+        return 75
     return 0
 
 

@@ -3,7 +3,8 @@
 The rules (what the gate decides, what blocks a promotion) are pure functions in ``sentcl.registry``; this
 module does the I/O around them, in an order that leaves nothing half-done that could be promoted:
 
-1. take the promotion lease (a lock that lives in the registry itself, so it spans machines);
+1. take the promotion lease (a queue of versions of a lease model only the gate may edit, so it spans
+   machines; see ``promotion_lock``);
 2. finish or clean up what an earlier, interrupted run left (versions tagged ``sentcl.state=registering``);
 3. register the candidate, unless a version with the same weights (sha256) exists: that one is reused;
 4. point ``challenger`` at it, run the gate, move ``champion`` and read it back, then write the gate's tags;
@@ -19,8 +20,8 @@ import getpass
 import os
 import random
 import socket
+import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,7 +43,7 @@ from sentcl.registry import (
     weight_file_digests,
     weights_fingerprint,
 )
-from sentcl_mlflow.store import client, git_commit, load_params_file
+from sentcl_mlflow.store import TrackingAuthError, client, git_commit, load_params_file
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -71,13 +72,27 @@ __all__ = [
     "download_alias",
     "download_model",
     "WeightsMismatchError",
+    "ModelTamperedError",
+    "download_verified",
     "NoChampionError",
     "PromotionLockTimeout",
+    "PromotionLeaseDenied",
+    "PromotionLeaseLost",
 ]
 
 
 class WeightsMismatchError(RuntimeError):
     """A downloaded version's weights do not hash to the sha256 recorded when it was registered."""
+
+
+class ModelTamperedError(WeightsMismatchError):
+    """A downloaded version's files (any of them: weights, tokenizer, MLmodel, the serving code) differ from
+    the manifest recorded when it was registered; nothing of it is loaded."""
+
+
+# Every file of the logged model, {relative path: sha256}, recorded on the version at registration (a tag
+# only accounts with EDIT on the registered model can write: the gate, for production).
+TAG_MANIFEST = "sentcl.manifest"
 
 
 class NoChampionError(LookupError):
@@ -115,82 +130,189 @@ def _error_code(error: Exception) -> str:
 # --------------------------------------------------------------------------------------------- the lease
 
 
+class PromotionLeaseDenied(TrackingAuthError):
+    """This account may not take the promotion lease (only the gate's account may promote). Not transient:
+    every caller that reports refused credentials in one line reports this one too."""
+
+
+class PromotionLeaseLost(PromotionLockTimeout):
+    """The lease was broken (expired while this process was still working); nothing more is written.
+    Transient, like a lease that stayed busy: a retry takes a fresh lease."""
+
+
+LEASE_SOURCE = "sentcl-lease:/promotion-lease"  # never read: a lease version has no files
+
+
+class Lease:
+    """A held promotion lease: version ``token`` of the lease model. The version number is the fencing
+    token (the server hands them out in order, atomically). ``renew`` touches the version (the server stamps
+    ``last_updated_timestamp``, its own clock) and fails once someone broke the lease by deleting it."""
+
+    def __init__(self, mlc: MlflowClient, model: str, token: str, lease_s: float) -> None:
+        self.mlc, self.model, self.token, self.lease_s = mlc, model, token, lease_s
+        self._renewals = 0
+        self._lost: BaseException | None = None
+        self._lock = threading.Lock()
+
+    def renew(self) -> int:
+        """Touch the version; returns the server's time of the touch (ms). Raises PromotionLeaseLost."""
+        from mlflow.exceptions import MlflowException
+
+        with self._lock:
+            if self._lost is not None:
+                raise PromotionLeaseLost(f"promotion lease {self.model} token {self.token} was lost")
+            self._renewals += 1
+            try:
+                mv = self.mlc.update_model_version(
+                    self.model, self.token, description=f"held; renewal {self._renewals}"
+                )
+            except MlflowException as e:
+                if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+                    self._lost = e
+                    raise PromotionLeaseLost(
+                        f"promotion lease {self.model} token {self.token} was broken by another process "
+                        f"(it expired: not renewed within {self.lease_s:g}s)"
+                    ) from None
+                raise
+            return int(mv.last_updated_timestamp)
+
+    def check(self) -> None:
+        """The fencing check right before a write that needs the lease (the champion alias)."""
+        self.renew()
+
+
+def _lease_model(mlc: MlflowClient, name: str) -> str:
+    from mlflow.exceptions import MlflowException
+
+    lease = f"{name}{LEASE_SUFFIX}"
+    try:
+        mlc.get_registered_model(lease)
+    except MlflowException as e:
+        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        try:  # a store without `auth setup` (the local sqlite store): the first gate creates it
+            mlc.create_registered_model(
+                lease, description=f"promotion lease of {name!r}: one version per holder or waiter"
+            )
+        except MlflowException as e2:
+            if _error_code(e2) != "RESOURCE_ALREADY_EXISTS":
+                raise
+    return lease
+
+
 @contextmanager
 def promotion_lock(
     name: str, wait_s: float | None = None, lease_s: float | None = None, mlc: MlflowClient | None = None
-) -> Iterator[None]:
+) -> Iterator[Lease]:
     """One promotion at a time per registered model, across every machine that reaches the store.
 
-    MLflow has no compare-and-set on aliases, but creating a registered model is atomic (its name is the
-    primary key): the lease is a registered model ``<name>.promotion-lease`` whose tags say who holds it
-    and until when. A holder that died leaves a lease that expires after ``lease_s``; the next waiter renames
-    it away (rename is atomic too: one waiter wins) and takes its own.
+    The lease model ``<name>.promotion-lease`` (created by ``sentcl_mlflow.auth setup``: only the gate's
+    account may edit the production one, everyone else reads it) gets one model version per contender. The
+    server numbers versions atomically and in order, so the number is a queue ticket and a fencing token:
+    a contender holds the lease once no lower-numbered version is left. Holders and waiters renew their
+    version every ``lease_s / 3`` (a background thread while held); a version whose server-side
+    ``last_updated_timestamp`` is more than ``lease_s`` behind the server's time of our own latest touch
+    belongs to a dead process and is deleted, which is how a killed holder's lease breaks (one clock: the
+    server's). The holder renews once more right before it moves an alias (``Lease.check``): a holder whose
+    lease was broken stops there with :class:`PromotionLeaseLost`. An account without EDIT on the lease
+    model is refused with :class:`PromotionLeaseDenied` and can neither take nor block it.
     """
     from mlflow.exceptions import MlflowException
 
     mlc = mlc or client()
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     lease_s = LEASE_S if lease_s is None else lease_s
-    lease = f"{name}{LEASE_SUFFIX}"
-    owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    lease_model = _lease_model(mlc, name)
+    owner = f"{socket.gethostname()}:{os.getpid()}:{_actor(None)}"
+    try:
+        token = str(
+            mlc.create_model_version(
+                lease_model,
+                LEASE_SOURCE,
+                tags={"owner": owner, "lease_s": f"{lease_s:g}"},
+                description="waiting",
+            ).version
+        )
+    except MlflowException as e:
+        if _error_code(e) == "PERMISSION_DENIED":
+            who = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this account"
+            raise PromotionLeaseDenied(
+                f"promotion of {name!r}: {who} may not take its lease {lease_model!r}; only the gate's "
+                "account (SENTCL_GATE_USER) may promote or roll back"
+            ) from None
+        raise
+    held = Lease(mlc, lease_model, token, lease_s)
     deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            mlc.create_registered_model(
-                lease,
-                tags={"owner": owner, "expires": f"{time.time() + lease_s:.3f}"},
-                description=f"promotion lease of {name!r}; deleted when the promotion ends",
-            )
-            break
-        except MlflowException as e:
-            if _error_code(e) != "RESOURCE_ALREADY_EXISTS":
-                raise
-        _break_if_expired(mlc, lease)
-        if time.monotonic() > deadline:
-            holder = _lease_tags(mlc, lease).get("owner", "?")
-            raise PromotionLockTimeout(
-                f"promotion of {name!r}: the lease {lease!r} is held by {holder}; waited {wait_s:g}s"
-            )
-        time.sleep(0.2 + random.random() * 0.3)
     try:
-        yield
+        while True:
+            now_ms = held.renew()
+            ahead = [
+                v for v in mlc.search_model_versions(f"name='{lease_model}'") if int(v.version) < int(token)
+            ]
+            if not ahead:
+                break
+            for v in ahead:  # expired by its holder's own lease length, measured on the server's clock
+                if int(v.last_updated_timestamp) + _lease_length(v, lease_s) * 1000 < now_ms:
+                    try:
+                        mlc.delete_model_version(lease_model, v.version)
+                        print(
+                            f"registry: broke the expired promotion lease {v.version} of "
+                            f"{(v.tags or {}).get('owner', '?')} (not renewed for "
+                            f"{_lease_length(v, lease_s):g}s)"
+                        )
+                    except MlflowException as e:
+                        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+                            raise
+            if time.monotonic() > deadline:
+                holder = (ahead[0].tags or {}).get("owner", "?")
+                raise PromotionLockTimeout(
+                    f"promotion of {name!r}: the lease {lease_model!r} is held by {holder}; waited {wait_s:g}s"
+                )
+            time.sleep(min(1.0, lease_s / 6) * (0.5 + random.random()))
+    except BaseException:
+        _release(held)
+        raise
+    stop = threading.Event()
+
+    def keep_renewing() -> None:
+        while not stop.wait(lease_s / 3):
+            try:
+                held.renew()
+            except PromotionLeaseLost:
+                return
+            except Exception:  # noqa: BLE001 (a missed renewal; the next one or the fencing check decides)
+                pass
+
+    renewer = threading.Thread(target=keep_renewing, name="promotion-lease", daemon=True)
+    renewer.start()
+    try:
+        yield held
     finally:
-        try:
-            if _lease_tags(mlc, lease).get("owner") == owner:
-                mlc.delete_registered_model(lease)
-        except MlflowException:
-            pass
+        stop.set()
+        renewer.join(10)
+        _release(held)
 
 
-def _lease_tags(mlc: MlflowClient, lease: str) -> dict[str, str]:
-    from mlflow.exceptions import MlflowException
-
+def _lease_length(version, default: float) -> float:  # noqa: ANN001
     try:
-        return dict(mlc.get_registered_model(lease).tags or {})
-    except MlflowException:
-        return {}
-
-
-def _break_if_expired(mlc: MlflowClient, lease: str) -> None:
-    from mlflow.exceptions import MlflowException
-
-    tags = _lease_tags(mlc, lease)
-    try:
-        expired = float(tags.get("expires", "inf")) < time.time()
+        return float((version.tags or {}).get("lease_s", default))
     except ValueError:
-        expired = True
-    if not expired:
-        return
-    stale = f"{lease}.expired-{uuid.uuid4().hex[:8]}"
+        return default
+
+
+def _release(held: Lease) -> None:
+    from mlflow.exceptions import MlflowException
+
     try:
-        mlc.rename_registered_model(lease, stale)
-    except MlflowException:
-        return  # another waiter broke it first
-    print(f"registry: broke the expired promotion lease of {tags.get('owner', '?')}")
-    try:
-        mlc.delete_registered_model(stale)
-    except MlflowException:
-        pass
+        held.mlc.delete_model_version(held.model, held.token)
+    except MlflowException as e:
+        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+            print(f"registry: could not release the promotion lease {held.model} {held.token}: {e.message}")
+    except Exception as e:  # noqa: BLE001 (the server is gone: the lease expires on its own)
+        print(
+            f"registry: could not release the promotion lease {held.model} {held.token} "
+            f"({type(e).__name__}); it expires after {held.lease_s:g}s"
+        )
 
 
 # --------------------------------------------------------------------------------------------- versions
@@ -284,6 +406,7 @@ def _register_locked(
             return str(existing.version), False
     if callable(model_uri):  # logged only now that it is known to be needed
         model_uri, run_id = model_uri()
+    manifest = registration_manifest(model_uri, weights_sha256)
     all_tags = {
         TAG_STSB_DEV: f"{float(stsb_dev):.6f}",
         TAG_STS: json_dumps({k: round(float(v), 6) for k, v in sts_all.items()}),
@@ -292,6 +415,7 @@ def _register_locked(
     }
     if weights_sha256:
         all_tags[TAG_WEIGHTS] = weights_sha256
+    all_tags[TAG_MANIFEST] = json_dumps(manifest)
     if run_id:
         all_tags.setdefault("run_id", run_id)
     commit = git_commit()
@@ -302,6 +426,68 @@ def _register_locked(
     if run_id:
         mlc.set_tag(run_id, "registered_version", f"{name}/{version}")
     return version, True
+
+
+def file_sha256(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# What MLflow itself writes beside a downloaded registered version (its name and version), not the model's.
+DOWNLOAD_META = "registered_model_meta"
+
+
+def files_manifest(root: Path) -> dict[str, str]:
+    """sha256 of every file under ``root``, by its path relative to it."""
+    return {
+        p.relative_to(root).as_posix(): file_sha256(p)
+        for p in sorted(Path(root).rglob("*"))
+        if p.is_file() and p.relative_to(root).as_posix() != DOWNLOAD_META
+    }
+
+
+def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[str, str]:
+    """The manifest of what ``model_uri`` holds now, read back from the store; its weights must still be the
+    ones measured before the upload (``weights_sha256``), so a file swapped in between is not recorded."""
+    import tempfile
+
+    import mlflow
+
+    with tempfile.TemporaryDirectory(prefix="sentcl-manifest-") as tmp:
+        root = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=tmp))
+        manifest = files_manifest(root) if root.is_dir() else {root.name: file_sha256(root)}
+        if weights_sha256 and root.is_dir():
+            try:
+                folder = st_folder_in(root)
+            except FileNotFoundError:
+                folder = None
+            digests = weight_file_digests(folder) if folder is not None else {}
+            if digests and weights_fingerprint(digests) != weights_sha256:
+                raise ModelTamperedError(
+                    f"{model_uri}: the uploaded weights hash to {weights_fingerprint(digests)[:12]}..., "
+                    f"not {weights_sha256[:12]}... measured before the upload; not registering them"
+                )
+    return manifest
+
+
+def check_manifest(root: Path, expected: Mapping[str, str], what: str) -> None:
+    """Raise :class:`ModelTamperedError` unless the files under ``root`` are exactly ``expected``."""
+    actual = files_manifest(root)
+    changed = sorted(k for k in expected.keys() & actual.keys() if expected[k] != actual[k])
+    missing = sorted(expected.keys() - actual.keys())
+    extra = sorted(actual.keys() - expected.keys())
+    for label, names in (("changed", changed), ("missing", missing), ("added", extra)):
+        if names:
+            more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
+            raise ModelTamperedError(
+                f"{what}: {names[0]}{more} {label} since registration (manifest sha256 mismatch); "
+                "refusing to load it"
+            )
 
 
 def json_dumps(value: Any) -> str:
@@ -352,14 +538,16 @@ def register_and_gate(
     config = gate_config(params)
     name = name or target_model_name(config)
     mlc = client()
-    with promotion_lock(name, mlc=mlc):
+    with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
         version, created = _register_locked(
             mlc, name, model_uri, stsb_dev, sts_all, weights_sha256, tags, run_id
         )
         result: dict[str, Any] = {"model": name, "version": version, "created": created}
         if gate:
-            result["gate"] = _gate_locked(mlc, name, version, config, _actor(actor), domain, None, True)
+            result["gate"] = _gate_locked(
+                mlc, name, version, config, _actor(actor), domain, None, True, lease
+            )
         if created:
             mlc.set_model_version_tag(name, version, TAG_STATE, READY)
     if "gate" in result:
@@ -379,6 +567,7 @@ def _gate_locked(
     domain: Mapping[str, Any] | None,
     forced_by: str | None,
     in_registration: bool,
+    lease: Lease | None = None,
 ) -> dict[str, Any]:
     started = time.time()
     cand = mlc.get_model_version(name, version) if version else _version_or_none(mlc, name, CHALLENGER)
@@ -416,6 +605,9 @@ def _gate_locked(
     if promoted:
         if champ is not None:
             mlc.set_model_version_tag(name, cand.version, "previous_champion", champ.version)
+        if lease is not None:  # fencing: a holder whose lease was broken stops before the alias moves
+            lease.check()
+            mlc.set_model_version_tag(name, cand.version, "gate.lease_token", lease.token)
         mlc.set_registered_model_alias(name, CHAMPION, cand.version)
         after = _version_or_none(mlc, name, CHAMPION)
         if after is None or str(after.version) != str(cand.version):
@@ -472,10 +664,10 @@ def promote(
     config = gate_config(params)
     name = name or config.model_name
     mlc = client()
-    with promotion_lock(name, mlc=mlc):
+    with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
         result = _gate_locked(
-            mlc, name, version, config, _actor(actor), domain, actor if force else None, False
+            mlc, name, version, config, _actor(actor), domain, actor if force else None, False, lease
         )
     print(format_decision(result))
     return result
@@ -498,7 +690,7 @@ def rollback(
     name = name or gate_config().model_name
     actor = _actor(actor)
     mlc = client()
-    with promotion_lock(name, mlc=mlc):
+    with promotion_lock(name, mlc=mlc) as lease:
         champ = _version_or_none(mlc, name, CHAMPION)
         if champ is None:
             raise NoChampionError(f"{name!r} has no champion to roll back")
@@ -514,6 +706,7 @@ def rollback(
             "rolled_back_at": stamp,
         }.items():
             mlc.set_model_version_tag(name, champ.version, key, value)
+        lease.check()
         mlc.set_registered_model_alias(name, CHAMPION, previous)
         challenger = _version_or_none(mlc, name, CHALLENGER)
         if challenger is not None and str(challenger.version) == str(champ.version):
@@ -558,28 +751,44 @@ def download_alias(alias: str, dest: Path, name: str | None = None) -> Path:
 
 
 def download_model(model_uri: str, dest: Path) -> Path:
-    """The sentence-transformers folder inside a logged model (``models:/...``, ``runs:/...``); for a
-    registered version, its weights must hash to the recorded sha256 (:class:`WeightsMismatchError`)."""
+    """The sentence-transformers folder inside a logged model (``models:/...``, ``runs:/...``); see
+    :func:`download_verified` for what is checked before anything loads it."""
+    return st_folder_in(download_verified(model_uri, dest))
+
+
+def download_verified(model_uri: str, dest: Path) -> Path:
+    """The whole logged model of ``model_uri``, downloaded into a fresh folder under ``dest``. For a registered
+    version: every file must match the manifest recorded at registration (``sentcl.manifest``: weights,
+    tokenizer, MLmodel, the serving code), else :class:`ModelTamperedError`; a version registered before
+    manifests existed is checked on its weights' sha256 (:class:`WeightsMismatchError`)."""
+    import json
+    import tempfile
+
     import mlflow
 
     mlc = client()
-    expected = None
+    expected, manifest = None, None
     if model_uri.startswith("models:/"):
         ref = model_uri.removeprefix("models:/")
         name, _, rest = ref.partition("/") if "@" not in ref else ref.partition("@")
         mv = mlc.get_model_version_by_alias(name, rest) if "@" in ref else mlc.get_model_version(name, rest)
-        expected = version_weights(mv.tags or {})
+        tags = mv.tags or {}
+        expected = version_weights(tags)
+        manifest = json.loads(tags[TAG_MANIFEST]) if tags.get(TAG_MANIFEST) else None
         model_uri = f"models:/{name}/{mv.version}"
     dest.mkdir(parents=True, exist_ok=True)
-    folder = st_folder_in(Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(dest))))
-    if expected:
-        actual = weights_fingerprint(weight_file_digests(folder))
+    fresh = Path(tempfile.mkdtemp(prefix="model-", dir=dest))
+    root = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(fresh)))
+    if manifest is not None:
+        check_manifest(root, manifest, model_uri)
+    elif expected:
+        actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
         if actual != expected:
             raise WeightsMismatchError(
                 f"{model_uri}: downloaded weights hash to {actual[:12]}..., registered as {expected[:12]}...; "
                 "refusing to load them"
             )
-    return folder
+    return root
 
 
 def st_folder_in(model_dir: Path) -> Path:

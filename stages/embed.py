@@ -282,6 +282,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"embed: {error}", file=sys.stderr)
         return 2
     except RuntimeError as error:  # the tracking server did not answer (TrackingUnavailableError)
+        if type(error).__name__ in ("WeightsMismatchError", "ModelTamperedError"):
+            print(f"embed: {error}", file=sys.stderr)  # the registered files were changed: nothing loaded
+            return 2
         if type(error).__name__ != "TrackingUnavailableError":
             raise
         print(f"embed: {error}", file=sys.stderr)

@@ -26,9 +26,10 @@ def _sentences(model_input: Any) -> list[str]:
     """``mlflow models serve`` hands a DataFrame; ``predict`` in Python may get a list, an array or one string.
 
     Every item that reaches the model must be a string: ``predict([123, None])`` is refused with an
-    INVALID_PARAMETER_VALUE error (HTTP 400), never turned into the vectors of "123" and "None". Known gap:
+    INVALID_PARAMETER_VALUE error (HTTP 400), never turned into the vectors of "123" and "None". Over HTTP,
     ``mlflow models serve`` parses a request against the logged string signature before the model sees it
-    (``infer_and_parse_data`` turns ``[123, null]`` into strings), so over HTTP this check does not fire yet."""
+    (``infer_and_parse_data`` turns ``[123, null]`` into strings), so serve with ``python -m
+    sentcl_mlflow.serve``: the same rule checked on the JSON body before MLflow parses it (400 + message)."""
     if isinstance(model_input, str):
         return [model_input]
     if hasattr(model_input, "iloc") and hasattr(model_input, "columns"):  # pandas without importing it

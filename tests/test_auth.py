@@ -1,6 +1,7 @@
 """Authenticated servers, for real: MLflow's basic-auth app and a Prefect server with an API auth string.
 
-Slow (each starts its own server). Nothing mocked: the requests go over HTTP to the real apps.
+Each server starts once per module on a free loopback port. Nothing mocked: the requests go over HTTP to
+the real apps, as the admin, the gate's account and an ordinary teammate's account.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ ADMIN = ("admin", "admin-secret-for-tests-1")
 GATE = ("sentcl-gate", "gate-secret-for-tests-1")
 TEAM = ("teammate", "team-secret-for-tests-1")
 CONFIG = GateConfig("auth-prod", "auth-exp", 0.2, 1.0, 1.0)
-
-pytestmark = pytest.mark.slow
 
 
 def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 240) -> None:
@@ -118,15 +117,40 @@ def test_mlflow_refuses_requests_without_credentials(auth_server, monkeypatch):
         store.client()
 
 
-def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path):
-    from mlflow.exceptions import MlflowException
-
+def _setup_as_admin(monkeypatch) -> dict[str, str]:
     as_user(monkeypatch, ADMIN)
     monkeypatch.setenv("SENTCL_GATE_USER", GATE[0])
     monkeypatch.setenv("SENTCL_GATE_PASSWORD", GATE[1])
     monkeypatch.setenv("SENTCL_TEAM_USER", TEAM[0])
     monkeypatch.setenv("SENTCL_TEAM_PASSWORD", TEAM[1])
-    assert auth.setup(CONFIG) == {"gate": GATE[0], "team": TEAM[0]}
+    return auth.setup(CONFIG)
+
+
+def test_setup_runs_again_and_puts_back_a_changed_permission(auth_server, monkeypatch):
+    """`make serve` and compose's mlflow-setup run setup at every start: the second run must succeed."""
+    assert _setup_as_admin(monkeypatch) == {"gate": GATE[0], "team": TEAM[0]}
+    admin = auth._auth_client()
+    admin.revoke_user_permission(GATE[0], "registered_model", CONFIG.model_name)
+    admin.grant_user_permission(GATE[0], "registered_model", CONFIG.model_name, "READ")
+    assert _setup_as_admin(monkeypatch) == {"gate": GATE[0], "team": TEAM[0]}
+    permission = admin.get_user_permission(GATE[0], "registered_model", CONFIG.model_name).permission
+    assert permission == "MANAGE"
+    out = subprocess.run(
+        [sys.executable, "-m", "sentcl_mlflow.auth", "setup"],
+        cwd=ROOT,
+        env={**os.environ, "SENTCL_MLFLOW_EXPERIMENT": store.EXPERIMENT},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    # The CLI reads params.yaml's model names: a third run, other names, still exit 0.
+    assert out.returncode == 0, out.stderr
+
+
+def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path):
+    from mlflow.exceptions import MlflowException
+
+    assert _setup_as_admin(monkeypatch) == {"gate": GATE[0], "team": TEAM[0]}
 
     as_user(monkeypatch, GATE)
     mlc = store.client()
@@ -158,6 +182,171 @@ def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path
         str(store.client().get_model_version_by_alias(CONFIG.model_name, "champion").version)
         == first["version"]
     )
+
+
+def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_server, monkeypatch, tmp_path):
+    """The teammate's artifact write of the issue (a PUT over the serving code through MLflow's artifact
+    proxy) succeeds on the server, and is caught by the manifest the gate recorded at registration."""
+    _setup_as_admin(monkeypatch)
+    as_user(monkeypatch, GATE)
+    mlc = store.client()
+    exp_id = store.experiment_id(mlc)
+    run_id = mlc.create_run(exp_id).info.run_id
+    folder = tmp_path / "model"
+    (folder / "encoder").mkdir(parents=True)
+    (folder / "encoder" / "model.safetensors").write_bytes(b"weights")
+    (folder / "pyfunc_encoder.py").write_text("print('the serving code')\n")
+    (folder / "MLmodel").write_text("flavors: {}\n")
+    mlc.log_artifacts(run_id, str(folder), "model")
+    source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
+    version = registry.register_candidate(source, 70.0, TABLE, name=CONFIG.model_name, run_id=run_id)
+    manifest = json.loads(mlc.get_model_version(CONFIG.model_name, version).tags[registry.TAG_MANIFEST])
+    assert set(manifest) == {"encoder/model.safetensors", "pyfunc_encoder.py", "MLmodel"}
+    root = registry.download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "ok")
+    assert (root / "pyfunc_encoder.py").read_text() == "print('the serving code')\n"
+
+    request = urllib.request.Request(
+        f"{auth_server}/api/2.0/mlflow-artifacts/artifacts/{exp_id}/{run_id}/artifacts/model/pyfunc_encoder.py",
+        data=b"import os; os.system('id')\n",
+        method="PUT",
+        headers={"Authorization": "Basic " + base64.b64encode(":".join(TEAM).encode()).decode()},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=20) as response:
+            written = response.status
+    except urllib.error.HTTPError as e:
+        written = e.code
+    if written != 200:  # refused outright is fine too; then change it as the gate to exercise the check
+        mlc.log_artifact(run_id, str(_write(tmp_path / "x" / "pyfunc_encoder.py", "changed\n")), "model")
+    with pytest.raises(registry.ModelTamperedError, match="pyfunc_encoder.py changed since registration"):
+        registry.download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "bad")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sentcl_mlflow.serve",
+            f"models:/{CONFIG.model_name}/{version}",
+            "--port",
+            "1",
+        ],
+        cwd=ROOT,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "pyfunc_encoder.py changed since registration" in out.stderr
+
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+HOLD_LEASE = """
+import sys, time
+from sentcl_mlflow import registry
+with registry.promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
+    print("holding", lease.token, flush=True)
+    time.sleep(float(sys.argv[3]))
+print("released", flush=True)
+"""
+
+
+def _hold_lease(name: str, lease_s: float, hold_s: float, user: tuple[str, str]) -> subprocess.Popen:
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_USERNAME": user[0],
+        "MLFLOW_TRACKING_PASSWORD": user[1],
+    }
+    process = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LEASE, name, str(lease_s), str(hold_s)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    line = process.stdout.readline()
+    assert line.startswith("holding"), line + process.stderr.read()
+    return process
+
+
+def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, monkeypatch):
+    from mlflow.exceptions import MlflowException
+
+    _setup_as_admin(monkeypatch)
+    lease_model = CONFIG.model_name + registry.LEASE_SUFFIX
+    # The issue's attack: a teammate creates the lease model first (here: after the admin removed it), which
+    # makes it theirs. The next setup (every make serve / compose up) takes it back: an idle lease model is
+    # created again by the admin.
+    store.client().delete_registered_model(lease_model)
+    as_user(monkeypatch, TEAM)
+    store.client().create_registered_model(lease_model, tags={"owner": "teammate", "expires": "0"})
+    _setup_as_admin(monkeypatch)
+    as_user(monkeypatch, TEAM)
+    mlc = store.client()
+    assert "owner" not in (mlc.get_registered_model(lease_model).tags or {})
+    with pytest.raises(MlflowException):  # it exists (the admin made it): nobody else owns it
+        mlc.create_registered_model(lease_model)
+    with pytest.raises(registry.PromotionLeaseDenied, match="only the gate's account"):
+        with registry.promotion_lock(CONFIG.model_name, wait_s=1, mlc=mlc):
+            pass
+    for attempt in (
+        lambda: mlc.create_model_version(lease_model, registry.LEASE_SOURCE),
+        lambda: mlc.set_registered_model_tag(lease_model, "owner", "teammate"),
+        lambda: mlc.delete_registered_model(lease_model),
+        lambda: mlc.rename_registered_model(lease_model, lease_model + ".gone"),
+    ):
+        with pytest.raises(MlflowException) as denied:
+            attempt()
+        assert "PERMISSION_DENIED" in str(denied.value.error_code)
+    # The one-line answer of the CLI a teammate would run.
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "--model", CONFIG.model_name],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert "may not take its lease" in out.stderr
+    # Meanwhile the gate takes and releases it at once: nothing was left behind by the attempts.
+    # (wait_s=5: a lease version left ahead of it would make this wait, then time out.)
+    as_user(monkeypatch, GATE)
+    with registry.promotion_lock(CONFIG.model_name, wait_s=5, mlc=store.client()) as lease:
+        assert int(lease.token) >= 1
+
+
+def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder_stops(
+    auth_server, monkeypatch
+):
+    _setup_as_admin(monkeypatch)
+    as_user(monkeypatch, GATE)
+    mlc = store.client()
+    # A live holder (renewing every lease_s / 3) is never broken, whatever the waiter's own clock says.
+    holder = _hold_lease(CONFIG.model_name, 3.0, 9.0, GATE)
+    real_time = time.time
+    monkeypatch.setattr(time, "time", lambda: real_time() + 10**6)  # the waiter's clock, far ahead
+    with pytest.raises(registry.PromotionLockTimeout, match="held by"):
+        with registry.promotion_lock(CONFIG.model_name, wait_s=5, mlc=mlc):
+            pass
+    monkeypatch.setattr(time, "time", real_time)
+    holder.kill()
+    holder.wait(30)
+    # Killed with -9: its lease stops being renewed and is broken once 3 s of server time have passed.
+    started = time.monotonic()
+    with registry.promotion_lock(CONFIG.model_name, wait_s=30, mlc=mlc) as lease:
+        waited = time.monotonic() - started
+        # Fencing: a holder whose lease was broken (here: its version deleted, as a waiter does to an
+        # expired one) is stopped by the check before any alias write.
+        mlc.delete_model_version(lease.model, lease.token)
+        with pytest.raises(registry.PromotionLeaseLost):
+            lease.check()
+    assert 2.0 < waited < 30, waited
 
 
 @pytest.fixture(scope="module")
@@ -273,3 +462,53 @@ def test_prefect_refuses_flow_runs_and_events_without_the_auth_string(prefect_au
     except urllib.error.HTTPError as e:
         allowed = e.headers.get("access-control-allow-origin")
     assert allowed != "*" and allowed != "http://evil.example"
+
+
+REFUSE_COMMAND = """
+import json, sys
+from prefect import flow
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.actions import WorkPoolCreate
+from prefect.exceptions import PrefectHTTPStatusError
+
+@flow(name="job-variables-check")
+def noop():
+    pass
+
+template = json.load(open("infra/process-job-template.json"))
+with get_client(sync_client=True) as client:
+    client.create_work_pool(WorkPoolCreate(name="jv-pool", type="process", base_job_template=template))
+    flow_id = client.create_flow(noop)
+    deployment_id = client.create_deployment(
+        flow_id=flow_id, name="jv", work_pool_name="jv-pool", entrypoint="x.py:noop",
+        job_variables={"cuda_visible_devices": "0"},
+    )
+    for variables in ({"command": "id > /tmp/owned"}, {"env": {"MLFLOW_TRACKING_URI": "http://evil"}},
+                      {"working_dir": "/tmp"}, {"cuda_visible_devices": "0; id"}):
+        try:
+            client.create_flow_run_from_deployment(deployment_id, job_variables=variables)
+            print("accepted", list(variables))
+        except PrefectHTTPStatusError as e:
+            print("refused", list(variables), e.response.status_code)
+    run = client.create_flow_run_from_deployment(deployment_id, job_variables={"cuda_visible_devices": ""})
+    print("created", run.id)
+"""
+
+
+def test_the_pools_template_refuses_job_variables_that_change_the_command(prefect_auth_server):
+    """With the Prefect auth string alone, a flow run cannot run another command on the worker, change its
+    environment (the gate's MLflow account goes where MLFLOW_TRACKING_URI says) or its working directory."""
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_auth_server,
+        "PREFECT_API_AUTH_STRING": "admin:prefect-secret-for-tests",
+    }
+    out = subprocess.run(
+        [sys.executable, "-c", REFUSE_COMMAND], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    for name in ("command", "env", "working_dir", "cuda_visible_devices"):
+        assert f"refused ['{name}'] 422" in lines, out.stdout
+    assert not any(line.startswith("accepted") for line in lines), out.stdout
+    assert any(line.startswith("created") for line in lines)  # what the pool does accept still works

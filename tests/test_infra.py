@@ -44,7 +44,19 @@ def test_prefect_yaml_is_valid_for_prefect_deploy():
             assert EVENT in parsed.expect
             assert "{{ event." in str(parsed.parameters)
     retrain_local = next(d for d in model.deployments if d.name == "retrain-local")
-    assert retrain_local.work_pool.job_variables["env"]["CUDA_VISIBLE_DEVICES"] != ""
+    assert retrain_local.work_pool.job_variables["cuda_visible_devices"] != ""
+    # Every local deployment's job variables fit the pool's template, which admits no command/env/working_dir.
+    template = json.loads((INFRA / "process-job-template.json").read_text())
+    from jsonschema import validate
+
+    for deployment in model.deployments:
+        if deployment.work_pool.name == "sentcl-gpu-local":
+            validate(deployment.work_pool.job_variables, template["variables"])
+    assert template["job_configuration"]["command"] is None
+    assert not {"command", "env", "working_dir"} & set(template["variables"]["properties"])
+    assert template["variables"]["additionalProperties"] is False
+    k8s = json.loads((INFRA / "k8s" / "base-job-template.json").read_text())["variables"]
+    assert "command" not in k8s["properties"] and k8s["additionalProperties"] is False
     assert retrain_local.schedules and retrain_local.triggers
     retrain_k8s = next(d for d in model.deployments if d.name == "retrain-k8s")
     assert retrain_k8s.work_pool.name == "sentcl-gpu-k8s" and retrain_k8s.work_pool.job_variables["gpus"] >= 1
@@ -70,7 +82,7 @@ def test_compose_stack_has_postgres_prefect_mlflow_s3_and_a_gpu_worker():
     compose = load("docker-compose.yml")
     services = compose["services"]
     assert {"postgres", "prefect-server", "mlflow", "minio", "gpu-worker"} <= set(services)
-    mlflow_cmd = services["mlflow"]["command"]
+    mlflow_cmd = " ".join(services["mlflow"]["command"])
     assert "postgresql://" in mlflow_cmd and "s3://" in mlflow_cmd
     assert (
         "postgresql+asyncpg://"
@@ -163,11 +175,16 @@ def test_minio_root_is_not_the_applications_key():
 def test_compose_servers_ask_for_credentials_and_take_allowed_hosts_from_the_environment():
     services = load("docker-compose.yml")["services"]
     mlflow = services["mlflow"]
-    assert "--app-name basic-auth" in mlflow["command"]
+    command = " ".join(mlflow["command"])
+    assert "--app-name basic-auth" in command
     assert (
-        "MLFLOW_ALLOWED_HOSTS" in mlflow["command"]
+        "MLFLOW_ALLOWED_HOSTS" in command
         and "MLFLOW_ALLOWED_HOSTS:?" in mlflow["environment"]["MLFLOW_ALLOWED_HOSTS"]
     )
+    # No password in the server's argv (`ps` shows it to every user); the admin's is dropped before exec.
+    server_line = next(line for line in command.splitlines() if "mlflow server" in line)
+    assert "${POSTGRES_PASSWORD}" not in server_line and "postgresql://" not in server_line
+    assert "env -u MLFLOW_AUTH_ADMIN_PASSWORD" in server_line
     prefect = services["prefect-server"]["environment"]
     assert "PREFECT_AUTH_STRING:?" in prefect["PREFECT_SERVER_API_AUTH_STRING"]
     assert prefect["PREFECT_SERVER_CSRF_PROTECTION_ENABLED"] == "true"
@@ -178,16 +195,23 @@ def test_compose_servers_ask_for_credentials_and_take_allowed_hosts_from_the_env
     assert "sentcl_mlflow.auth setup" in services["mlflow-setup"]["command"]
 
 
+SERVE_SECRETS = {
+    "PREFECT_AUTH_STRING",
+    "MLFLOW_AUTH_ADMIN_PASSWORD",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY",
+    "SENTCL_GATE_PASSWORD",
+}
+
+
 def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images():
+    compose_example = (INFRA / "compose.env.example").read_text()
+    for name in set(re.findall(r"\$\{(\w+):\?", _compose_text())):
+        assert re.search(rf"^{name}=", compose_example, re.M), f"compose.env.example lacks {name}"
+    # make serve's file names its secrets and none of compose's own keys (which would change make serve).
     example = (ROOT / ".env.example").read_text()
-    names = set(re.findall(r"\$\{(\w+):\?", _compose_text())) | {
-        "PREFECT_AUTH_STRING",
-        "MLFLOW_AUTH_ADMIN_PASSWORD",
-        "MLFLOW_FLASK_SERVER_SECRET_KEY",
-        "SENTCL_GATE_PASSWORD",
-    }
-    for name in names:
-        assert re.search(rf"^{name}=", example, re.M), f".env.example lacks {name}"
+    keys = set(re.findall(r"^(\w+)=", example, re.M))
+    assert SERVE_SECRETS <= keys
+    assert not keys & {"MLFLOW_ALLOWED_HOSTS", "PREFECT_UI_ORIGIN", "POSTGRES_PASSWORD", "S3_SECRET_KEY"}
     ignored = subprocess.run(
         ["git", "check-ignore", ".env", "infra/.env"], cwd=ROOT, capture_output=True, text=True
     )
@@ -199,19 +223,16 @@ def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images(
 
 def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_auth():
     serve = (INFRA / "serve.sh").read_text()
-    for name in (
-        "PREFECT_AUTH_STRING",
-        "MLFLOW_AUTH_ADMIN_PASSWORD",
-        "MLFLOW_FLASK_SERVER_SECRET_KEY",
-        "SENTCL_GATE_PASSWORD",
-    ):
+    for name in SERVE_SECRETS:
         assert f"${{{name}:?" in serve, name
+    # .env is parsed, never sourced nor exported wholesale.
+    assert not re.search(r"^\s*(source|\.)\s", serve, re.M) and "set -a" not in serve
     assert (
         "PREFECT_SERVER_API_AUTH_STRING=" in serve and "PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true" in serve
     )
     assert "--app-name basic-auth" in (INFRA / "mlflow-server.sh").read_text()
     # The worker and its flow runs use the HTTP server as the gate, not the sqlite file behind it.
-    assert 'export MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER"' in serve
+    assert 'MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER"' in serve
 
 
 def test_worker_image_has_python_3_11():
@@ -324,42 +345,72 @@ def _wait_for_event_run(port: int, deadline_s: float, auth: str = "") -> list[di
     return []
 
 
+SECRETS = {
+    "PREFECT_AUTH_STRING": "admin:serve-test-secret",
+    "MLFLOW_AUTH_ADMIN_PASSWORD": "serve-test-admin-1",
+    "MLFLOW_FLASK_SERVER_SECRET_KEY": "serve-test-flask",
+    "SENTCL_GATE_PASSWORD": "serve-test-gate-1",
+    "SENTCL_TEAM_PASSWORD": "serve-test-team-1",
+}
+# What each process may hold (every other secret must be absent from its /proc/<pid>/environ).
+ALLOWED = {
+    "prefect-server": {"PREFECT_AUTH_STRING"},
+    "mlflow-server": {"MLFLOW_FLASK_SERVER_SECRET_KEY"},
+    "worker": {"PREFECT_AUTH_STRING", "SENTCL_GATE_PASSWORD"},
+    "watcher": {"PREFECT_AUTH_STRING"},
+}
+
+
+def _environ(pid: int) -> bytes:
+    return Path(f"/proc/{pid}/environ").read_bytes()
+
+
+def _serve(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
 @pytest.mark.slow
 def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_path):
     import base64
     import os
+    import signal
     import sys
     import urllib.error
     import urllib.request
 
     prefect_port, mlflow_port = _free_port(), _free_port()
+    # The documented set-up: one .env with the secrets, plus compose-only keys make serve must ignore.
+    env_file = tmp_path / "dot.env"
+    env_file.write_text(
+        "".join(f"{k}={v}\n" for k, v in SECRETS.items())
+        + "SENTCL_TEAM_USER=teammate\n"
+        + "# compose only\nMLFLOW_ALLOWED_HOSTS=mlops.example.internal:5000\n"
+        + "PREFECT_UI_ORIGIN=http://evil.example\nPOSTGRES_PASSWORD='compose-pg-secret'\n"
+    )
     env = dict(
         os.environ,
         VENV=str(Path(sys.executable).parent.parent),
         SENTCL_RUN_DIR=str(tmp_path / "run"),
-        SENTCL_ENV_FILE=str(tmp_path / "no.env"),
+        SENTCL_ENV_FILE=str(env_file),
         PREFECT_HOME=str(tmp_path / "prefect"),
         PREFECT_PORT=str(prefect_port),
         MLFLOW_PORT=str(mlflow_port),
         SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
         SENTCL_INBOX=str(tmp_path / "inbox"),
-        PREFECT_AUTH_STRING="admin:serve-test-secret",
-        MLFLOW_AUTH_ADMIN_PASSWORD="serve-test-admin-1",
-        MLFLOW_FLASK_SERVER_SECRET_KEY="serve-test-flask",
-        SENTCL_GATE_PASSWORD="serve-test-gate-1",
+        S3_SECRET_KEY="callers-own-s3-secret",  # in the caller's shell: passed to nothing
     )
-    env.pop("MLFLOW_TRACKING_URI", None)
-    env.pop("PREFECT_API_URL", None)
+    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_PASSWORD"):
+        env.pop(key, None)
     pids: dict[str, int] = {}
     try:
-        serve = subprocess.run(
-            ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
-        )
+        serve = _serve(env)
         assert serve.returncode == 0, serve.stdout + serve.stderr
         assert "serve: ready" in serve.stdout
         pids = {p.stem: int(p.read_text()) for p in (tmp_path / "run").glob("*.pid")}
         assert set(pids) == {"prefect-server", "mlflow-server", "worker", "watcher"}
-        assert _answers(f"http://127.0.0.1:{mlflow_port}/health")
+        assert _answers(f"http://127.0.0.1:{mlflow_port}/health")  # compose's allowed hosts not applied
         auth = "Basic " + base64.b64encode(b"admin:serve-test-secret").decode()
         # Both servers refuse a request without credentials.
         for url in (
@@ -369,8 +420,19 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
             with pytest.raises(urllib.error.HTTPError) as refused:
                 urllib.request.urlopen(url, timeout=10)
             assert refused.value.code == 401, url
+        # Each process holds its own secrets and no other (compose's and the caller's stray ones: none).
+        for name, pid in pids.items():
+            environ = _environ(pid)
+            for key, value in SECRETS.items():
+                assert (value.encode() in environ) == (key in ALLOWED[name]), (name, key)
+            assert b"compose-pg-secret" not in environ and b"callers-own-s3-secret" not in environ, name
+        server_env = _environ(pids["prefect-server"]).split(b"\0")
+        assert f"PREFECT_SERVER_CORS_ALLOWED_ORIGINS=http://127.0.0.1:{prefect_port}".encode() in server_env
+        # The run files with secrets in them: the owner's alone.
+        for secret_file in ("mlflow-auth.ini", "mlflow-users.db"):
+            assert (tmp_path / "run" / secret_file).stat().st_mode & 0o077 == 0, secret_file
         # The worker runs as the gate's account against the HTTP server, not the sqlite file.
-        worker_env = Path(f"/proc/{pids['worker']}/environ").read_bytes().split(b"\0")
+        worker_env = _environ(pids["worker"]).split(b"\0")
         assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}".encode() in worker_env
         assert b"MLFLOW_TRACKING_USERNAME=sentcl-gate" in worker_env
         request = urllib.request.Request(
@@ -389,6 +451,18 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         runs = _wait_for_event_run(prefect_port, deadline_s=120, auth=auth)
         assert runs and runs[0]["state_type"] == "FAILED", runs
         assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
+
+        # MLflow crashes; `make serve` again: what runs is left alone, the crashed server starts again and the
+        # account setup (already done) succeeds a second time.
+        os.kill(pids["mlflow-server"], signal.SIGKILL)
+        again = _serve(env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "mlflow-server" in again.stdout and "starting it again" in again.stdout
+        for name in ("prefect-server", "worker", "watcher"):
+            assert f"serve: {name} already running (pid {pids[name]})" in again.stdout
+        pids["mlflow-server"] = int((tmp_path / "run" / "mlflow-server.pid").read_text())
+        assert _answers(f"http://127.0.0.1:{mlflow_port}/health")
+        assert b"serve-test-admin-1" not in _environ(pids["mlflow-server"])
     finally:
         stop = subprocess.run(
             ["bash", "infra/stop.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180

@@ -595,3 +595,79 @@ def test_register_stage_finds_registered_weights_and_experiments_register_elsewh
     summary = json.loads((tmp_path / "e.json").read_text())
     assert summary["registered_model"] == "sentcl-encoder-experiments" and summary["new_version"] is True
     assert versions(mlc) == before  # production untouched
+
+
+def test_served_model_answers_400_to_inputs_that_are_not_strings_over_http(tmp_path):
+    """`python -m sentcl_mlflow.serve`'s app over real HTTP: MLflow's own parser would coerce [123, null] to
+    the strings "123" and "None" (the logged signature says string); the check in front answers 400 first."""
+    import threading
+    import urllib.request
+
+    import mlflow
+    import numpy as np
+    import uvicorn
+    from mlflow.models import infer_signature
+    from mlflow.pyfunc.scoring_server import init
+
+    from sentcl_mlflow.serve import build_app
+
+    class Lengths(mlflow.pyfunc.PythonModel):
+        _skip_type_hint_validation = True  # as stages/pyfunc_encoder.py
+
+        def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201
+            return np.asarray([[float(len(str(s)))] for s in model_input.iloc[:, 0]], dtype=np.float32)
+
+    model_dir = tmp_path / "model"
+    mlflow.pyfunc.save_model(
+        str(model_dir),
+        python_model=Lengths(),
+        signature=infer_signature(["a sentence"], np.zeros((1, 1), dtype=np.float32)),
+    )
+
+    def post(port: int, body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/invocations",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return response.status, json.load(response)
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def serving(app):  # noqa: ANN001, ANN202
+        port = free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return server, thread, port
+
+    # MLflow alone: the numbers pass as text (what this check exists for).
+    server, thread, port = serving(init(mlflow.pyfunc.load_model(str(model_dir))))
+    try:
+        status, answer = post(port, {"inputs": [123, None]})
+        assert status == 200 and answer["predictions"] == [[3.0], [4.0]], answer  # "123", "None"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+    server, thread, port = serving(build_app(model_dir))
+    try:
+        for body in (
+            {"inputs": [123, None]},
+            {"instances": ["fine", 4.5]},
+            {"dataframe_split": {"columns": ["sentence"], "data": [["ok"], [7]]}},
+            {"dataframe_records": [{"sentence": None}]},
+        ):
+            status, answer = post(port, body)
+            assert status == 400, (body, answer)
+            assert answer["error_code"] == "INVALID_PARAMETER_VALUE" and "not a string" in answer["message"]
+        status, answer = post(port, {"inputs": ["two dogs", "a cat"]})
+        assert status == 200 and answer["predictions"] == [[8.0], [5.0]]
+    finally:
+        server.should_exit = True
+        thread.join(10)
