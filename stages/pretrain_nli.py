@@ -12,6 +12,7 @@ from stages.training import (
     load_pairs,
     nli_pairs,
     nli_triplets,
+    records_dirs,
     resolve_init,
     run_stage,
     setup_logging,
@@ -48,8 +49,7 @@ def main(
         Path(args.output) if args.output else Path(args.models_dir) / stage,
         params,
         [processed],
-        Path(args.metrics_dir),
-        Path(args.checkpoints_dir),
+        *records_dirs(args),
     )
 
 
