@@ -65,6 +65,28 @@ def _fail(message: str) -> NoReturn:
     raise SystemExit(EXIT_BAD_INPUT)
 
 
+def missing_model(name: str) -> str | None:
+    """Why ``name`` (a folder, or a Hugging Face id already resolved from the bundled model's name) is no model
+    this machine can load, said at once and offline; None when it may load. Offline (HF_HUB_OFFLINE, the default
+    here), an id is loadable only from the local Hugging Face cache; online it is left to the loader."""
+    if Path(name).expanduser().exists():
+        return None
+    path_like = name.startswith(("/", ".", "~")) or name.count("/") > 1 or "\\" in name
+    if path_like:
+        return f"{name}: no such model folder"
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() not in ("1", "true", "yes", "on"):
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(name, "config.json")
+    except ValueError:  # not even a valid id (HFValidationError)
+        cached = None
+    if isinstance(cached, str):
+        return None
+    return f"{name}: no such model folder, and not a Hugging Face model in the local cache (HF_HUB_OFFLINE=1)"
+
+
 def offline_hub() -> None:
     """The bundled model needs no hub; keep transformers from asking one unless the user opted in."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -286,6 +286,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"embed: {error}", file=sys.stderr)
         return 1
+    except Exception as error:  # MlflowException: a models:/ URI naming a version or model that is not there
+        if getattr(error, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        print(f"embed: {args.model}: {error.message}", file=sys.stderr)
+        return 2
     truncated = f"; {done['truncated']} truncated to the model's limit" if done["truncated"] else ""
     print(
         f"embed: {done['lines']} lines ({done['unique']} distinct) -> {args.output} "

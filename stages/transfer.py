@@ -32,8 +32,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sentcl.encoder import resolve_model_path
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
-from stages.common import RAW, load_params, offline_hub
+from stages.common import RAW, load_params, missing_model, offline_hub
 from stages.training import (
     INIT_NAMES,
     count_truncated,
@@ -109,6 +110,11 @@ def main(argv: list[str] | None = None) -> None:
     recipe = args.recipe or (args.init if args.init in INIT_NAMES else "base")
     overrides = {"steps": args.steps, "objective": args.objective, "preset": args.preset}
     config = transfer_config(params, recipe, overrides)
+    init = resolve_init(args.init, Path(args.models_dir))
+    offline_hub()
+    problem = missing_model(resolve_model_path(init))
+    if problem:
+        fail(f"transfer: --init {problem}")
     domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
@@ -117,7 +123,6 @@ def main(argv: list[str] | None = None) -> None:
     texts = limit_texts(texts, max_texts, params["seed"])
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
-    init = resolve_init(args.init, Path(args.models_dir))
     truncated = _truncated(texts, init, config)
     run_stage(
         stage,
