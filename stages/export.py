@@ -99,6 +99,16 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return self.inner(input_ids, attention_mask)
 
+    class Normalized(torch.nn.Module):  # a folder that ends in Normalize: unit vectors, as encode gives
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.normalize(
+                self.inner(input_ids, attention_mask), p=2, dim=-1, eps=1e-12
+            )
+
     if encoder.pooling == "prompt":
         from sentcl.prompt import PromptGraph
 
@@ -106,6 +116,8 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         graph = PromptGraph(encoder.model, encoder.prompt_pooler()).eval()
     else:
         graph = Pooled(encoder).eval()
+    if encoder.normalize:
+        graph = Normalized(graph).eval()
 
     target = folder / "onnx" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -142,6 +154,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
         "pooling": encoder.pooling,
+        "normalized": encoder.normalize,
         **({"prompt": asdict(encoder.prompt)} if encoder.pooling == "prompt" else {}),
         "max_abs_diff_vs_pytorch": diff,
         "tolerance": ONNX_TOLERANCE,
