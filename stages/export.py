@@ -21,6 +21,7 @@ import logging
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -129,7 +130,13 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(
         lambda record: "torchvision is not installed" not in record.getMessage()
     )
-    with torch.no_grad():
+    # torch's exporter warns, on every export, about its own internals (pytree's LeafSpec) and that the two
+    # dynamic axes share a constraint: nothing a user can act on, and verified against PyTorch below.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*The axis name: .* will not be used", category=UserWarning
+        )
         torch.onnx.export(
             graph,
             (batch["input_ids"], batch["attention_mask"]),
