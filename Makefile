@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_DISABLE_TELEMETRY = 1
 
-.PHONY: setup run register test test-all lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
+.PHONY: setup run register test test-all docs lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -37,11 +37,16 @@ run: setup
 register: setup
 	$(VENV)/bin/dvc repro --force --single-item register
 
+# The fast tests, including a strict build of the documentation site (tests/test_docs.py).
 test: setup
 	$(PY) -m pytest -q
 
 test-all: setup
 	$(PY) -m pytest -q -m ''
+
+# The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it strictly (tests/test_docs.py).
+docs: setup
+	$(VENV)/bin/mkdocs build --strict
 
 lint: setup
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

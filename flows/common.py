@@ -284,6 +284,8 @@ class ServiceUnavailable(Exception):
 @contextmanager
 def cli_errors(name: str) -> Iterator[None]:
     """Turn what a person must act on (a server down, no champion, bad credentials) into one line + exit 2."""
+    from mlflow.exceptions import MlflowException
+
     from sentcl.registry import RegistryConfigError
     from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
@@ -300,4 +302,11 @@ def cli_errors(name: str) -> Iterator[None]:
         RegistryConfigError,
     ) as e:
         print(f"{name}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except (
+        MlflowException
+    ) as e:  # a version or model that is not there ("--version 12"): say it, no traceback
+        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        print(f"{name}: {e.message}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -228,6 +228,7 @@ def read_scored_pairs(path: Path | str) -> list[tuple[str, str, float]]:
     path = Path(path)
     text = _decode(path, path.read_bytes())
     pairs: list[tuple[str, str, float]] = []
+    header: str | None = None  # line 1 with a score that is not a number: a header, if scored lines follow
     for number, row in enumerate(csv.reader(text.splitlines(), delimiter="\t", quoting=csv.QUOTE_NONE), 1):
         if not row or not any(cell.strip() for cell in row):
             continue
@@ -236,10 +237,13 @@ def read_scored_pairs(path: Path | str) -> list[tuple[str, str, float]]:
         try:
             score = float(row[2])
         except ValueError:
-            if number == 1:  # a header
+            if number == 1:
+                header = row[2]
                 continue
             raise DomainTextError(f"{path}:{number}: score {row[2]!r} is not a number") from None
         pairs.append((row[0].strip(), row[1].strip(), score))
+    if not pairs and header is not None:
+        raise DomainTextError(f"{path}:1: score {header!r} is not a number (and no scored line follows it)")
     if len(pairs) < 3:
         raise DomainTextError(f"{path}: {len(pairs)} scored pair(s); a Spearman needs at least 3")
     if len({p[2] for p in pairs}) < 2:

@@ -8,6 +8,7 @@ A folder saved with a pooling that sentence-transformers cannot express carries 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -69,11 +70,15 @@ class Encoder(nn.Module):
         pooling: str = "last-avg",
         max_length: int = 64,
         prompt: PromptSettings | None = None,
+        normalize: bool = False,
     ) -> None:
         super().__init__()
         ModelPooling(pooling, prompt)  # checks the name, and that prompt pooling has its template
         self.model, self.tokenizer, self.pooling, self.max_length = model, tokenizer, pooling, max_length
         self.prompt = prompt
+        # Unit vectors out of ``encode`` and the saved folder (sentence-transformers' Normalize module), as the
+        # model this one was read from had them; ``forward`` (what the losses see) is never normalised.
+        self.normalize = normalize
         self._prompt_pooler = None
 
     @classmethod
@@ -84,14 +89,14 @@ class Encoder(nn.Module):
         max_length: int = 64,
         prompt: PromptSettings | None = None,
     ) -> Encoder:
-        """``pooling`` None: the pooling the folder carries (``sentcl_pooling.json``), else ``last-avg``."""
+        """``pooling`` None: the pooling the folder carries (``sentcl_pooling.json``), else ``last-avg``. A
+        folder whose sentence-transformers pipeline ends in ``Normalize`` gives an encoder that keeps it."""
         path = resolve_model_path(name_or_path)
         if pooling is None:
             carried = read_model_pooling(path) if Path(path).is_dir() else None
             pooling, prompt = (carried.pooling, carried.prompt) if carried else ("last-avg", None)
-        return cls(
-            AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path), pooling, max_length, prompt
-        )
+        model, tokenizer = AutoModel.from_pretrained(path), AutoTokenizer.from_pretrained(path)
+        return cls(model, tokenizer, pooling, max_length, prompt, normalize=has_normalize(path))
 
     def prompt_pooler(self):
         """The ``sentcl.prompt.PromptPooler`` for this encoder's tokenizer, template and max_length."""
@@ -162,14 +167,17 @@ class Encoder(nn.Module):
             batch = self.tokenize([sentences[i] for i in chunk], pooling).to(self.device)
             vectors[chunk] = self(batch["input_ids"], batch["attention_mask"], pooling).float().cpu().numpy()
         self.train(was_training)
+        if self.normalize:  # sentence-transformers' Normalize: x / max(||x||, 1e-12)
+            vectors /= np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-12)
         return vectors
 
     def save(self, path: Path | str) -> None:
-        """Write a sentence-transformers folder (Transformer + mean Pooling) that also loads with AutoModel;
+        """Write a sentence-transformers folder (Transformer + mean Pooling, + Normalize when the encoder
+        normalises) that also loads with AutoModel;
         a pooling sentence-transformers cannot express (prompt, last2-avg, first-last-avg) goes to
         ``sentcl_pooling.json`` too, which sentcl's consumers read (``read_model_pooling``)."""
         from sentence_transformers import SentenceTransformer
-        from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+        from sentence_transformers.sentence_transformer.modules import Normalize, Pooling, Transformer
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -177,13 +185,22 @@ class Encoder(nn.Module):
         self.tokenizer.save_pretrained(path)
         transformer = Transformer(str(path), max_seq_length=self.max_length)
         st_pooling = {"cls": "cls", "last-avg": "mean"}.get(self.pooling, "mean")
-        SentenceTransformer(modules=[transformer, Pooling(self.dim, st_pooling)]).save(str(path))
+        modules = [transformer, Pooling(self.dim, st_pooling)] + ([Normalize()] if self.normalize else [])
+        SentenceTransformer(modules=modules).save(str(path))
         if self.pooling not in ("cls", "last-avg"):
             write_model_pooling(
                 path, ModelPooling(self.pooling, self.prompt if self.pooling == "prompt" else None)
             )
         elif (path / POOLING_FILE).exists():  # a folder saved over: its old pooling no longer holds
             (path / POOLING_FILE).unlink()
+
+
+def has_normalize(folder: str | Path) -> bool:
+    """Whether a sentence-transformers folder's pipeline (``modules.json``) has a ``Normalize`` module."""
+    modules = Path(folder) / "modules.json"
+    if not modules.is_file():
+        return False
+    return any(str(m.get("type", "")).endswith("Normalize") for m in json.loads(modules.read_text()))
 
 
 def load_folder_encoder(folder: str | Path, device: str | None = None):

@@ -578,8 +578,18 @@ def _gate_locked(
     blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
     if tags.get(TAG_STATE) == REGISTERING and not in_registration:
         promoted, reasons = False, [f"version {cand.version} is unfinished (an interrupted registration)"]
-    elif champ is not None and champ.version == cand.version:
-        promoted, reasons = False, [f"version {cand.version} is already champion"]
+    elif champ is not None and str(champ.version) == str(cand.version):
+        # Gating the champion again is a no-op: no decision, and no tag over the one that promoted it.
+        return {
+            "model": name,
+            "version": str(cand.version),
+            "decision": "unchanged",
+            "promoted": False,
+            "champion_before": str(champ.version),
+            "champion_after": str(champ.version),
+            "reasons": [f"version {cand.version} is already champion"],
+            "seconds": round(time.time() - started, 2),
+        }
     elif blocked:
         promoted, reasons = False, [blocked]
     else:
@@ -674,6 +684,8 @@ def promote(
 
 
 def format_decision(result: Mapping[str, Any]) -> str:
+    if result["decision"] == "unchanged":
+        return f"gate: {result['model']} version {result['version']} is already champion; nothing to do"
     lines = [
         f"gate: {result['model']} version {result['version']} {result['decision'].upper()}"
         f" (champion {result['champion_before'] or '-'} -> {result['champion_after'] or '-'})"

@@ -280,6 +280,10 @@ def grid_pairs(views: Sequence[str], cells_kind: str) -> list[tuple[str, str]]:
     return pairs
 
 
+# The score columns of a sweep's rows; the other columns name the cell.
+SWEEP_SCORE_KEYS = ("stsb_dev", "stsb_test", "stsb_dev_step0", "stsb_dev_end", "best_step", "wall_s")
+
+
 def run_sweep(
     kind: str,
     params: dict[str, Any],
@@ -412,8 +416,11 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
     params = load_params()
     ANALYSIS.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     if args.analysis == "space":
         run_space(params, args.data, args.model)
+        found = "alignment, uniformity and cosine by gold-score bucket"
+        written = ["metrics/analysis/collapse.csv", "plots/collapse.png", "plots/align_uniform.png"]
     elif args.analysis == "freq-tokens":
         if args.model:
             label, _, model = (
@@ -421,13 +428,18 @@ def main(argv: list[str] | None = None) -> int:
             )
         else:
             label, model = params["model"]["name"], resolve_model_path(params["model"]["name"])
-        run_freq_tokens(model, args.data, args.max_k, label or None)
+        rows = run_freq_tokens(model, args.data, args.max_k, label or None)
+        best = max(rows, key=lambda r: r["avg"])
+        found = (
+            f"best k = {best['k']}: avg {best['avg']:.2f} against {rows[0]['avg']:.2f} with nothing removed"
+        )
+        written = ["metrics/analysis/freq_tokens.csv", "plots/freq_tokens.png"]
     else:
         values = [_value(v) for v in args.values.split(",")] if args.values else None
         init = args.init or resolve_model_path(params["model"]["name"])
         label = args.init or params["model"]["name"]
         extra = {key: _value(value) for key, _, value in (item.partition("=") for item in args.set)}
-        run_sweep(
+        rows = run_sweep(
             args.analysis,
             params,
             args.data,
@@ -440,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
             extra=extra,
             tag=args.tag,
         )
+        name = args.analysis.replace("-", "_") + (f"_{args.tag}" if args.tag else "")
+        best = max(rows, key=lambda r: r["stsb_dev"]) if rows else None
+        cell = ", ".join(f"{k}={v}" for k, v in best.items() if k not in SWEEP_SCORE_KEYS) if best else "-"
+        found = f"{len(rows)} cells; best STS-B dev {best['stsb_dev']:.2f} ({cell})" if best else "no cell"
+        written = [f"metrics/analysis/{name}.csv", f"plots/{name}.png"]
+    # One line that says what the run found and where it wrote it.
+    print(f"analyze {args.analysis}: {found} -> {', '.join(written)} ({time.time() - started:.0f} s)")
     return 0
 
 

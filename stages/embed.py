@@ -201,6 +201,12 @@ def make_encoder(folder: Path, max_batch: int, progress: bool) -> tuple[Callable
 # --------------------------------------------------------------------------------------------- output
 
 
+def _umask() -> int:
+    mask = os.umask(0)  # reading it means setting it: put it straight back
+    os.umask(mask)
+    return mask
+
+
 def write_vectors(path: Path, lines: list[str], vectors: np.ndarray) -> None:
     """Write by suffix into a temporary file beside ``path``, then replace ``path`` with it."""
     suffix = path.suffix.lower()
@@ -233,6 +239,7 @@ def write_vectors(path: Path, lines: list[str], vectors: np.ndarray) -> None:
                 }
             )
             pq.write_table(table, tmp)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the output gets what open() would give it
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -255,6 +262,16 @@ def embed(
     return {"lines": len(lines), "unique": len(unique), "truncated": truncated(), "backend": backend}
 
 
+def quiet_loading() -> None:
+    """No progress bar for loading or downloading a model (here and in the worker processes): the one bar
+    an embed shows is its own, for inputs of 1,000 distinct lines or more."""
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Embed a file of sentences, one a line.")
     parser.add_argument("--input", type=Path, required=True, help="UTF-8 text, one sentence a line")
@@ -264,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     offline_hub()
+    quiet_loading()
     try:
         check_output(args.output)
         lines = read_lines(args.input)
@@ -289,6 +307,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"embed: {error}", file=sys.stderr)
         return 1
+    except Exception as error:  # MlflowException: a models:/ URI naming a version or model that is not there
+        if getattr(error, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
+            raise
+        print(f"embed: {args.model}: {error.message}", file=sys.stderr)
+        return 2
     truncated = f"; {done['truncated']} truncated to the model's limit" if done["truncated"] else ""
     print(
         f"embed: {done['lines']} lines ({done['unique']} distinct) -> {args.output} "

@@ -29,7 +29,7 @@ from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import Benchmark, evaluate, load_benchmark, markdown_table, order_result
 from sentcl.fast_encode import BACKENDS, DEFAULT_MAX_TOKENS, FastEncoder
 from sentcl.model_pooling import POOLINGS, ModelPooling, PromptSettings, read_model_pooling
-from stages.common import METRICS, MODELS, RAW, load_params, offline_hub
+from stages.common import METRICS, MODELS, RAW, load_params, missing_model, offline_hub
 
 log = logging.getLogger("stages.evaluate")
 CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")
@@ -296,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = DEFAULTS | (params.get("evaluate") or {})
     models, as_mapping = _parse_models(args.model)
     for folder in models.values():
-        problem = not_a_model_folder(folder)
+        problem = not_a_model_folder(folder) or missing_model(resolve_model_path(folder))
         if problem:
             print(f"evaluate: --model {problem}", file=sys.stderr)
             return 2

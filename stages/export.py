@@ -21,6 +21,7 @@ import logging
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -101,6 +102,16 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
             return self.inner(input_ids, attention_mask)
 
+    class Normalized(torch.nn.Module):  # a folder that ends in Normalize: unit vectors, as encode gives
+        def __init__(self, inner: torch.nn.Module) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.normalize(
+                self.inner(input_ids, attention_mask), p=2, dim=-1, eps=1e-12
+            )
+
     if encoder.pooling == "prompt":
         from sentcl.prompt import PromptGraph
 
@@ -108,6 +119,8 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         graph = PromptGraph(encoder.model, encoder.prompt_pooler()).eval()
     else:
         graph = Pooled(encoder).eval()
+    if encoder.normalize:
+        graph = Normalized(graph).eval()
 
     target = folder / "onnx" / "model.onnx"
     target.parent.mkdir(parents=True, exist_ok=True)
@@ -119,7 +132,13 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     logging.getLogger("torch.onnx._internal.exporter._registration").addFilter(
         lambda record: "torchvision is not installed" not in record.getMessage()
     )
-    with torch.no_grad():
+    # torch's exporter warns, on every export, about its own internals (pytree's LeafSpec) and that the two
+    # dynamic axes share a constraint: nothing a user can act on, and verified against PyTorch below.
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*The axis name: .* will not be used", category=UserWarning
+        )
         torch.onnx.export(
             graph,
             (batch["input_ids"], batch["attention_mask"]),
@@ -144,6 +163,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
         "pooling": encoder.pooling,
+        "normalized": encoder.normalize,
         **({"prompt": asdict(encoder.prompt)} if encoder.pooling == "prompt" else {}),
         "max_abs_diff_vs_pytorch": diff,
         "tolerance": ONNX_TOLERANCE,

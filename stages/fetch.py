@@ -18,14 +18,14 @@ import tempfile
 import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 from tqdm import tqdm
 
 from sentcl.senteval import SICK_FILES, SNLI_SPLITS, STSB_SPLITS, iter_sts_tasks
 from sentcl.upstream import nli_jsonl_to_senteval, write_senteval_nli
-from stages.common import RAW, SHARED_MIRROR, load_params
+from stages.common import RAW, SHARED_MIRROR, load_params, params_label, relabel
 
 SET_SOURCE_HINT = (
     "set SENTEVAL_MIRROR (or data.mirror in params.yaml) to a folder or tarball URL in SentEval layout"
@@ -47,14 +47,38 @@ class FetchConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> FetchConfig:
-        data = params["data"]
+        """params.yaml ``data:``, every key required, an unknown key or a wrong type a ``ValueError`` naming it."""
+        data = params.get("data")
+        if not isinstance(data, dict):
+            raise ValueError("params.yaml: section 'data' is missing or not a mapping")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(data) - set(names))
+        if unknown:
+            raise ValueError(
+                f"params.yaml: unknown key {unknown[0]!r} in section 'data' (known: {', '.join(names)})"
+            )
+        missing = [n for n in names if n not in data]
+        if missing:
+            raise ValueError(f"params.yaml: data.{missing[0]} is missing")
+        if data["mirror"] is not None and not (isinstance(data["mirror"], str) and data["mirror"].strip()):
+            raise ValueError(
+                f"params.yaml: data.mirror must be a folder, a URL or null, got {data['mirror']!r}"
+            )
+        for name in ("upstream", "snli_upstream", "multinli_upstream"):
+            if not isinstance(data[name], str) or not data[name].strip():
+                raise ValueError(f"params.yaml: data.{name} must be a URL, got {data[name]!r}")
+        if not isinstance(data["full_nli"], bool):
+            raise ValueError(f"params.yaml: data.full_nli must be true or false, got {data['full_nli']!r}")
+        timeout = data["connect_timeout_s"]
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+            raise ValueError(f"params.yaml: data.connect_timeout_s must be a number > 0, got {timeout!r}")
         return cls(
-            mirror=data.get("mirror"),
+            mirror=data["mirror"],
             upstream=data["upstream"],
             snli_upstream=data["snli_upstream"],
             multinli_upstream=data["multinli_upstream"],
-            full_nli=bool(data.get("full_nli", False)),
-            connect_timeout_s=float(data.get("connect_timeout_s", 5)),
+            full_nli=data["full_nli"],
+            connect_timeout_s=float(timeout),
         )
 
 
@@ -81,9 +105,8 @@ def choose_source(config: FetchConfig) -> tuple[str, str]:
 
 
 def portable_source(source: str) -> str:
-    """How MANIFEST.json names a source: a URL as it is, a local folder or tarball without its absolute path.
-    The manifest is part of data/raw, whose DVC hash must not change with where a checkout or mirror lives;
-    the sha256 of every file says what the data are."""
+    """How the source record names a source: a URL as it is, a local folder or tarball without its absolute
+    path (a log line and data/raw.source.json; MANIFEST.json holds only the files' sha256)."""
     if source.split("://", 1)[0] in ("http", "https"):
         return source
     path = Path(source.removeprefix("file://")).expanduser()
@@ -242,15 +265,14 @@ def fetch(config: FetchConfig, output: Path = RAW) -> dict:
             shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
             raise FetchError(f"{source} ({setting}) lacks {len(missing)} required files: {shown}")
 
+        # What the data are, not where they came from: the manifest is part of data/raw, whose DVC hash decides
+        # whether six stages rerun, so byte-identical files from another mirror must give the same bytes here.
         manifest = {
-            "source": portable_source(source),
-            "source_setting": setting,
             "full_nli": config.full_nli,
             "files": {
                 path.relative_to(staging).as_posix(): {
                     "sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
                     "bytes": path.stat().st_size,
-                    "origin": portable_source(origins.get(path.relative_to(staging).as_posix(), source)),
                 }
                 for path in sorted(staging.rglob("*"))
                 if path.is_file()
@@ -262,11 +284,30 @@ def fetch(config: FetchConfig, output: Path = RAW) -> dict:
         if output.exists():
             output.rename(previous)
         staging.rename(output)
-    return manifest
+    # Where the data came from, beside the output (never inside it): data/raw.source.json.
+    origin = {
+        "source": portable_source(source),
+        "source_setting": setting,
+        "origins": {
+            path: portable_source(where) for path, where in sorted(origins.items()) if where != source
+        },
+    }
+    source_record(output).write_text(json.dumps(origin, indent=2) + "\n")
+    return manifest | {"source": origin["source"], "source_setting": setting}
+
+
+def source_record(output: Path) -> Path:
+    """The record of where ``output``'s files came from, kept outside the hashed output."""
+    return output.with_name(output.name + ".source.json")
 
 
 def main() -> None:
-    config = FetchConfig.from_params(load_params())
+    params = load_params()
+    try:
+        config = FetchConfig.from_params(params)
+    except ValueError as exc:
+        print(relabel(str(exc), params_label(params)), file=sys.stderr)
+        sys.exit(2)
     try:
         manifest = fetch(config)
     except FetchError as exc:
@@ -274,6 +315,7 @@ def main() -> None:
         sys.exit(2)
     print(
         f"fetch: {len(manifest['files'])} files from {manifest['source']} ({manifest['source_setting']}) -> {RAW}"
+        f" (source recorded in {source_record(RAW).relative_to(RAW.parent.parent)})"
     )
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sentcl.encoder import resolve_model_path
 from sentcl.train import TRIPLET_OBJECTIVES
-from stages.common import load_params
+from stages.common import load_params, missing_model, offline_hub
 from stages.training import (
+    fail,
     load_nli,
     load_pairs,
     nli_pairs,
     nli_triplets,
+    records_dirs,
     resolve_init,
     run_stage,
     setup_logging,
@@ -32,6 +35,11 @@ def main(
     setup_logging()
     params = load_params(Path(args.params) if args.params else None)
     config = stage_config(params, section, {"mode": mode, "steps": args.steps})
+    init = resolve_init(args.init, Path(args.models_dir))
+    offline_hub()
+    problem = missing_model(resolve_model_path(init))
+    if problem:
+        fail(f"{stage}: --init {problem}")
     processed = Path(args.processed)
     nli = load_nli(processed)
     examples = (
@@ -42,14 +50,13 @@ def main(
     run_stage(
         stage,
         config,
-        resolve_init(args.init, Path(args.models_dir)),
+        init,
         examples,
         stsb_dev(load_pairs(processed)),
         Path(args.output) if args.output else Path(args.models_dir) / stage,
         params,
         [processed],
-        Path(args.metrics_dir),
-        Path(args.checkpoints_dir),
+        *records_dirs(args),
     )
 
 

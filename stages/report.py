@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.evaluation import TASKS
-from stages.common import METRICS, PLOTS, REPORTS, ROOT
+from stages.common import METRICS, PLOTS, REPORTS, ROOT, load_params
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 
 ANALYSIS = METRICS / "analysis"
 STYLE = """
@@ -29,6 +31,10 @@ table{border-collapse:collapse;margin:.8em 0;font-size:.92em} th,td{border:1px s
 th:first-child,td:first-child{text-align:left} th{background:#f4f4f4} td.best{font-weight:bold;background:#eef7ee}
 .note{color:#555;font-size:.92em} img{max-width:100%;border:1px solid #eee;margin:.5em 0}
 .missing{color:#a33}
+table.facts th{text-align:left;vertical-align:top;white-space:nowrap} table.facts td{text-align:left}
+table.facts ul{margin:.2em 0;padding-left:1.2em}
+.verdict{font-size:1.15em;padding:.5em .8em;border-left:5px solid #888;background:#f6f6f6}
+.verdict.good{border-color:#2a7;background:#eef7ee} .verdict.kept{border-color:#c80;background:#fbf5e8}
 """
 
 # Which analyses to show, and what each plot says.
@@ -156,21 +162,103 @@ def _csv_table(path: Path, limit: int = 60) -> str:
     return f"<details><summary>Table ({path.relative_to(ROOT)})</summary><table><tr>{head}</tr>{body}</table>{more}</details>"
 
 
-def render(metrics: Path = METRICS, plots: Path = PLOTS) -> str:
+def _json(path: Path) -> dict[str, Any] | None:
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _lr(params: dict[str, Any], checkpoint: str) -> Any:
+    """The learning rate a checkpoint trained with, as params.yaml resolves it (recipe, stage section, train)."""
+    section, recipe = {"nli": ("pretrain_nli", None), "joint": ("joint", None)}.get(
+        checkpoint, ("transfer", checkpoint.removeprefix("transfer-"))
+    )
+    stage = params.get(section) or {}
+    own = (stage.get(recipe) or {}) if recipe else {}
+    return own.get("lr", stage.get("lr", (params.get("train") or {}).get("lr")))
+
+
+def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
+    """What the first screen says: the exported checkpoint, the registry version and gate, validation, settings."""
+    export, registry = _json(metrics / "export.json"), _json(metrics / "registry.json")
+    if not export:
+        return {"checkpoint": None}
+    name = export["checkpoint"]
+    sts = _json(metrics / "sts.json") or {}
+    facts: dict[str, Any] = {
+        "checkpoint": name,
+        "stsb_dev": f"{export['stsb_dev']:.2f}",
+        "avg": f"{sts[name]['all']['avg']:.2f}" if name in sts else "?",
+        "base_avg": f"{sts['base']['all']['avg']:.2f}" if "base" in sts and name != "base" else None,
+        "beat_init": "trained past its init"
+        if export.get("trained_beat_init")
+        else "no training beat the base",
+        "onnx": f"exported and checked against PyTorch (largest difference {export['onnx_max_abs_diff']:.1e})"
+        if export.get("onnx_max_abs_diff") is not None
+        else "not exported (the model is served by PyTorch)",
+    }
+    gate = (registry or {}).get("gate") or {}
+    version, model = (registry or {}).get("registered_version"), (registry or {}).get("registered_model")
+    if not registry:
+        facts["registry"] = "not registered yet: the register stage has not run in this clone (make register)"
+    elif version is None:
+        facts["registry"] = "not registered: tracking was off (SENTCL_MLFLOW=0)"
+    else:
+        new = "a new version" if registry.get("new_version") else "the same weights as an existing version"
+        facts["registry"] = (
+            f"version {version} of {model} ({new}); champion: version {gate.get('champion_after') or '-'}"
+        )
+    decision = gate.get("decision")
+    facts["gate_decision"] = {
+        "promoted": f"promoted: version {version} is champion",
+        "rejected": f"rejected: version {gate.get('champion_after') or '-'} stays champion",
+        "unchanged": f"version {version} was already champion",
+    }.get(decision, "not run")
+    facts["gate_reasons"] = gate.get("reasons") or []
+    if decision == "promoted" or (decision == "unchanged" and version is not None):
+        facts["verdict"], facts["verdict_class"] = (
+            f"{name} shipped: champion is version {version} of {model}.",
+            "good",
+        )
+    elif decision == "rejected":
+        facts["verdict"] = (
+            f"{name} was registered as version {version}; the gate kept version {gate.get('champion_after')}."
+        )
+        facts["verdict_class"] = "kept"
+    else:
+        facts["verdict"], facts["verdict_class"] = (
+            f"{name} was exported to models/export; nothing is registered.",
+            "",
+        )
+    validate = _json(metrics / "validate.json")
+    facts["validation"] = (
+        "not run"
+        if validate is None
+        else f"passed: {validate['pairs']:,} pairs, no violation"
+        if validate.get("violations") == 0
+        else f"FAILED: {validate.get('violations')} violations (reports/validation.json)"
+    )
+    record = _json(metrics / "train" / f"{name}.json")
+    if name == "base" or record is None:
+        facts["training"] = "none: the pretrained model itself (no trained checkpoint beat it on STS-B dev)"
+    else:
+        bf16 = (params.get("train") or {}).get("bf16")
+        precision = record.get("precision") or f"not recorded (train.bf16: {bf16})"
+        facts["training"] = (
+            f"{record.get('steps')} steps, selected step {record.get('best_step')} "
+            f"(STS-B dev {record.get('stsb_dev_step0')} -> {record.get('stsb_dev_best')}); "
+            f"lr {_lr(params, name)}; precision {precision}; {record.get('examples'):,} examples"
+        )
+    return facts
+
+
+def render(metrics: Path = METRICS, plots: Path = PLOTS, params: dict[str, Any] | None = None) -> str:
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
     analysis = metrics / "analysis"
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout
-    parts = [
-        "<!doctype html><html><head><meta charset='utf-8'><title>sentcl report</title>",
-        f"<style>{STYLE}</style></head><body>",
-        "<h1>Contrastive sentence encoders: results</h1>",
-        # The commit, not the clock: the same inputs give the same bytes, so DVC sees no change (issue 14).
-        f"<p class='note'>Generated from commit "
-        f"{html.escape(commit.strip() or '?')} (working tree). All scores are Spearman correlation x 100 between the "
-        "cosine similarity of the two sentence embeddings and the human similarity score.</p>",
-        "<h2>STS benchmark by checkpoint</h2>",
-    ]
+    params = params if params is not None else load_params()
+    parts = ["<h2>STS benchmark by checkpoint</h2>"]
     sts_path = metrics / "sts.json"
     if sts_path.exists():
         sts = json.loads(sts_path.read_text())
@@ -216,8 +304,18 @@ def render(metrics: Path = METRICS, plots: Path = PLOTS) -> str:
             f"<p>Frequent tokens, {html.escape(Path(s['model']).name)}: avg {s['k0_avg']:.2f} with nothing "
             f"removed, best {s['best_avg']:.2f} at k = {s['best_k']}.</p>"
         )
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    env = Environment(
+        loader=FileSystemLoader(TEMPLATES),
+        autoescape=True,
+        undefined=StrictUndefined,
+        keep_trailing_newline=True,
+    )
+    return env.get_template("report.html.j2").render(
+        style=STYLE,
+        commit=commit.strip() or "?",
+        shipped=shipped_facts(metrics, params),
+        body="\n".join(parts),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

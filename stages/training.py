@@ -28,7 +28,7 @@ from sentcl.senteval import consert_corpus
 from sentcl.texts import heldout_texts, inductive_texts
 from sentcl.train import ConfigError, TrainConfig, Trainer, dist_info
 from sentcl_mlflow.runs import log_stage, preflight
-from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub
+from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub, params_label
 
 log = logging.getLogger("stages.training")
 
@@ -185,7 +185,7 @@ def stage_config(
     try:
         return TrainConfig.from_sections(sections)
     except ConfigError as exc:
-        fail(f"params.yaml: {exc}")
+        fail(f"{params_label(params)}: {exc}")
 
 
 def fail(message: str) -> NoReturn:
@@ -215,10 +215,33 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
         "--processed", default=str(PROCESSED), help="folder with pairs.parquet and nli.parquet"
     )
     parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
-    parser.add_argument("--metrics-dir", default=str(METRICS), help="where curves/ and train/ records go")
-    parser.add_argument("--checkpoints-dir", default=str(CHECKPOINTS), help="where resume state lives")
+    parser.add_argument(
+        "--metrics-dir",
+        help="where curves/ and train/ records go (default: metrics/, or <output>.records/ for an --output "
+        "outside the models folder)",
+    )
+    parser.add_argument(
+        "--checkpoints-dir",
+        help="where resume state lives (default: checkpoints/, or <output>.records/checkpoints)",
+    )
     parser.add_argument("--steps", type=int, help="override the section's steps")
     return parser
+
+
+def records_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
+    """Where a run's records (curves, metrics) and resume state go: the pipeline's metrics/ and checkpoints/,
+    unless ``--output`` is outside the models folder and no ``--metrics-dir``/``--checkpoints-dir`` is given:
+    then beside the output, in ``<output>.records/``, so a run by hand never overwrites the pipeline's
+    git-tracked records (or resumes from its state)."""
+    outside = args.output and not Path(args.output).resolve().is_relative_to(Path(args.models_dir).resolve())
+    beside = Path(args.output).with_name(Path(args.output).name + ".records") if outside else None
+    metrics = Path(args.metrics_dir) if args.metrics_dir else (beside or METRICS)
+    checkpoints = (
+        Path(args.checkpoints_dir)
+        if args.checkpoints_dir
+        else (beside / "checkpoints" if beside else CHECKPOINTS)
+    )
+    return metrics, checkpoints
 
 
 def run_stage(
@@ -284,6 +307,7 @@ def run_stage(
         # A DVC metric: scores to 2 decimals of Spearman x 100, no wall time (seconds: the log line and MLflow).
         record = {k: round(v, 2) if isinstance(v, float) else v for k, v in metrics.items() if k != "seconds"}
         metrics_path.write_text(json.dumps(record, indent=2) + "\n")
+        log.info("%s: model -> %s; records -> %s, %s", stage, output, metrics_path, curves)
         verdict = (
             f"best at step {result.best_step}" if result.beat_init else "never beat its init: output = init"
         )

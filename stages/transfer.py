@@ -33,8 +33,9 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sentcl.encoder import resolve_model_path
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
-from stages.common import RAW, load_params, offline_hub
+from stages.common import RAW, load_params, missing_model, offline_hub
 from stages.training import (
     INIT_NAMES,
     count_truncated,
@@ -42,6 +43,7 @@ from stages.training import (
     limit_texts,
     load_nli,
     load_pairs,
+    records_dirs,
     resolve_init,
     run_stage,
     setup_logging,
@@ -109,6 +111,11 @@ def main(argv: list[str] | None = None) -> None:
     recipe = args.recipe or (args.init if args.init in INIT_NAMES else "base")
     overrides = {"steps": args.steps, "objective": args.objective, "preset": args.preset}
     config = transfer_config(params, recipe, overrides)
+    init = resolve_init(args.init, Path(args.models_dir))
+    offline_hub()
+    problem = missing_model(resolve_model_path(init))
+    if problem:
+        fail(f"transfer: --init {problem}")
     domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
@@ -131,8 +138,7 @@ def main(argv: list[str] | None = None) -> None:
         output,
         params,
         inputs,
-        Path(args.metrics_dir),
-        Path(args.checkpoints_dir),
+        *records_dirs(args),
         domain_dev=domain_dev,
         max_task_drop=float(params["registry"]["max_dev_drop"]) if domain_dev else None,
         summary={"texts_truncated": truncated},

@@ -80,3 +80,26 @@ def test_frequent_token_pooling_matches_a_direct_masked_mean(tiny_encoder):
     np.testing.assert_allclose(pooled[3, 0], hidden[keep].mean(0).numpy(), atol=1e-5)
     # "a a a" has nothing left once "a" and the specials go: it keeps its plain mean instead of NaN.
     np.testing.assert_allclose(pooled[3, 1], pooled[0, 1], atol=1e-6)
+
+
+def test_a_long_analysis_ends_with_one_line_saying_what_it_found_and_where(
+    tiny_model, tmp_path, monkeypatch, capsys
+):
+    """`make analysis-freq-tokens` ran minutes and ended without a word; now its last line is the finding."""
+    import csv
+
+    from stages import analyze
+    from tests.test_evaluation import write_mini_senteval
+
+    write_mini_senteval(tmp_path / "data")
+    monkeypatch.setattr(analyze, "ANALYSIS", tmp_path / "metrics" / "analysis")
+    monkeypatch.setattr(analyze, "PLOTS", tmp_path / "plots")
+    args = ["freq-tokens", "--model", str(tiny_model), "--data", str(tmp_path / "data"), "--max-k", "3"]
+    assert analyze.main(args) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    rows = list(csv.DictReader(open(tmp_path / "metrics" / "analysis" / "freq_tokens.csv")))
+    best = max(rows, key=lambda r: float(r["avg"]))
+    assert last.startswith(
+        f"analyze freq-tokens: best k = {best['k']}: avg {float(best['avg']):.2f} against "
+    )
+    assert "metrics/analysis/freq_tokens.csv" in last and "plots/freq_tokens.png" in last

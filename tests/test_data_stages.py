@@ -81,7 +81,8 @@ def previous(tmp_path) -> Path:
 
 def test_fetch_copies_the_mirror_with_a_manifest_of_checksums(raw):
     manifest = json.loads((raw / "MANIFEST.json").read_text())
-    assert manifest["source"] in ("../shared/senteval", f"local folder {MIRROR.name}")
+    origin = json.loads(fetch_stage.source_record(raw).read_text())
+    assert origin["source"] in ("../shared/senteval", f"local folder {MIRROR.name}")
     gold = "STS/STS12-en-test/STS.gs.MSRpar.txt"
     assert (raw / gold).read_bytes() == (MIRROR / gold).read_bytes()
     import hashlib
@@ -102,9 +103,34 @@ def test_manifest_names_no_absolute_path_so_data_raw_hashes_alike_everywhere(tmp
         fetch_stage.fetch(config(mirror=str(mirror)), out)
         manifests.append((out / "MANIFEST.json").read_bytes())
     assert manifests[0] == manifests[1]
-    manifest = json.loads(manifests[0])
-    assert manifest["source"] == "local folder senteval"
+    origin = json.loads(fetch_stage.source_record(tmp_path / "a" / "raw").read_text())
+    assert origin["source"] == "local folder senteval"
     assert str(tmp_path) not in manifests[0].decode()
+
+
+def test_switching_mirrors_leaves_data_raw_byte_identical(tmp_path, http_root, monkeypatch):
+    """The same files from a folder mirror and from a tarball URL give the same data/raw, MANIFEST.json
+    included, so `dvc repro -f fetch` after switching SENTEVAL_MIRROR leaves every later stage up to date;
+    where the files came from is recorded beside data/raw, not in it."""
+    monkeypatch.delenv("SENTEVAL_MIRROR", raising=False)  # the environment would win over data.mirror
+    www, base = http_root
+    with tarfile.open(www / "senteval.tar", "w") as tar:
+        tar.add(MIRROR, arcname="senteval")
+    folder_out, url_out = tmp_path / "one" / "raw", tmp_path / "two" / "raw"
+    fetch_stage.fetch(config(mirror=str(MIRROR)), folder_out)
+    fetch_stage.fetch(config(mirror=f"{base}/senteval.tar"), url_out)
+
+    def tree(root):
+        return {
+            p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
+        }
+
+    assert tree(folder_out) == tree(url_out)
+    assert "source" not in json.loads((folder_out / "MANIFEST.json").read_text())
+    sources = [
+        json.loads(fetch_stage.source_record(out).read_text())["source"] for out in (folder_out, url_out)
+    ]
+    assert sources == [f"local folder {MIRROR.name}", f"{base}/senteval.tar"]
 
 
 def test_environment_variable_wins_over_params(monkeypatch, tmp_path):

@@ -241,6 +241,21 @@ def test_first_model_is_champion_and_challenger(fast_registry):
     assert fast_registry["seconds"] < 60
 
 
+def test_gating_the_champion_again_is_a_no_op_not_a_rejection(fast_registry, capsys):
+    mlc = store.client()
+    current = champion(mlc, FAST)
+    tags = dict(mlc.get_model_version(FAST, current).tags)
+    capsys.readouterr()
+    result = registry.promote(FAST, version=current)
+    assert (result["decision"], result["promoted"]) == ("unchanged", False)
+    assert (
+        capsys.readouterr().out.strip()
+        == f"gate: {FAST} version {current} is already champion; nothing to do"
+    )
+    assert champion(mlc, FAST) == current
+    assert dict(mlc.get_model_version(FAST, current).tags) == tags  # its promotion record is not overwritten
+
+
 def test_gate_rejects_worse_and_dev_drops_then_promotes_better_whatever_the_tests(fast_registry):
     mlc = store.client()
     before = champion(mlc, FAST)
