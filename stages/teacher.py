@@ -120,7 +120,9 @@ def open_encoder(folder: Path, backend: str, max_tokens: int) -> FastEncoder:
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # a broken folder's warnings would bury the one line below
     try:
-        return FastEncoder(folder, pooling=pooling, backend=backend, max_tokens=max_tokens, prompt=prompt)
+        return FastEncoder(
+            folder, pooling=pooling, backend=backend, max_tokens=max_tokens, prompt=prompt, progress=True
+        )
     except Exception as exc:  # no config, wrong files, an architecture transformers does not know
         raise T.TeacherError(
             f"teacher: {folder} does not load as a model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
