@@ -375,9 +375,14 @@ class MomentumQueue:
         self.negatives = torch.cat([self.negatives, z])[-self.size :]
 
 
-def build_objective(config: Any, dim: int, encoder: Encoder | None = None) -> Objective:
+def build_objective(config: Any, dim: int, encoder: Encoder | None = None, teacher: Any = None) -> Objective:
     """The objective of a ``TrainConfig``: the one place that reads ``mode`` and ``objective``. TSDAE builds its
-    decoder from (and ties it to) ``encoder``; PromptBERT tokenizes with its tokenizer."""
+    decoder from (and ties it to) ``encoder``; PromptBERT tokenizes with its tokenizer; distill reads the
+    ``teacher``'s stored vectors (``sentcl.teacher.TeacherVectors``)."""
+    if config.objective == "distill":  # sentcl/distill.py
+        from sentcl.distill import build_distill
+
+        return build_distill(config, dim, teacher)
     if config.objective == "promptbert":
         return _promptbert(config, dim, encoder)
     if config.mode == "transfer" and config.objective == "tsdae":

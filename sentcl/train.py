@@ -35,6 +35,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from sentcl.distill import DistillConfig
 from sentcl.encoder import Encoder
 from sentcl.model_pooling import ModelPooling
 from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
@@ -47,7 +48,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("nli", "joint", "transfer")
 OBJECTIVES = ("ce", "sup_simcse", "promptbert")
-TRANSFER_OBJECTIVES = ("contrastive", "tsdae", "promptbert")
+TRANSFER_OBJECTIVES = ("contrastive", "tsdae", "promptbert", "distill")
 # Objectives that read (premise, entailment hypothesis, contradiction hypothesis) in nli mode.
 TRIPLET_OBJECTIVES = ("sup_simcse", "promptbert")
 # A preset is a published recipe's loss, views, temperature and dropout; it overrides those keys of its section.
@@ -115,6 +116,7 @@ class TrainConfig:
     views: tuple[str, str]
     view: ViewConfig
     prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
+    distill: DistillConfig  # objective distill: loss, weight, projection, contrastive term (sentcl.distill)
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
     projection: bool  # SimCSE's training-only MLP head (unsupervised contrastive losses only)
@@ -137,6 +139,8 @@ class TrainConfig:
             self.view = _build(ViewConfig, self.view, "view")
         if isinstance(self.prompt, dict):
             self.prompt = _build(PromptTraining, self.prompt, "prompt")
+        if isinstance(self.distill, dict):
+            self.distill = _build(DistillConfig, self.distill, "distill")
         self.views = tuple(self.views)
         if self.preset is not None:
             if self.preset not in PRESETS:
@@ -190,7 +194,12 @@ class TrainConfig:
                 "adversarial needs labels: joint mode only, as the second view",
             )
         need(self.steps >= 1, "steps", "at least 1")
-        contrastive = self.mode == "joint" or self.objective in ("contrastive", "sup_simcse", "promptbert")
+        contrastive = self.mode == "joint" or self.objective in (
+            "contrastive",
+            "sup_simcse",
+            "promptbert",
+            "distill",
+        )
         need(self.batch_size >= (2 if contrastive else 1), "batch_size", "at least 2 (in-batch negatives)")
         need(self.grad_accum >= 1, "grad_accum", "at least 1")
         need(
@@ -258,6 +267,7 @@ class TrainConfig:
 _NESTED: dict[tuple[type, str], type] = {
     (TrainConfig, "view"): ViewConfig,
     (TrainConfig, "prompt"): PromptTraining,
+    (TrainConfig, "distill"): DistillConfig,
     (PromptTraining, "saved"): PromptSettings,
 }
 
@@ -540,6 +550,7 @@ class Trainer:
         on_row: Callable[[dict[str, Any]], None] | None = None,
         domain_dev: Sequence[tuple[str, str, float]] | None = None,
         max_task_drop: float | None = None,
+        teacher: Any = None,
     ) -> None:
         self.cfg, self.examples = config, list(examples)
         if domain_dev and max_task_drop is None:
@@ -561,7 +572,7 @@ class Trainer:
         # (PromptBERT: ``prompt.saved``), so the selected checkpoint is the one that scores best as shipped.
         saved = config.saved_pooling()
         self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
-        self.objective: Objective = build_objective(config, encoder.dim, encoder).to(self.device)
+        self.objective: Objective = build_objective(config, encoder.dim, encoder, teacher).to(self.device)
         heads = [
             p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
         ]

@@ -258,12 +258,13 @@ def run_stage(
     domain_dev: list[tuple[str, str, float]] | None = None,
     max_task_drop: float | None = None,
     summary: dict[str, Any] | None = None,
+    teacher: Any = None,
 ) -> dict[str, Any]:
     """Train ``init`` on ``examples``, write ``output`` and the stage's records; return its final metrics.
 
     With ``domain_dev``, checkpoint selection uses it and STS-B dev may not fall more than ``max_task_drop``
     below the init (``sentcl.train.selectable``). ``summary``: counts about the input (e.g. truncated lines)
-    that join the metrics."""
+    that join the metrics. ``teacher``: the teacher's stored vectors, for objective distill."""
     offline_hub()
     init_distributed()
     rank, _ = dist_info()
@@ -279,6 +280,7 @@ def run_stage(
         Path(checkpoints_dir) / stage,
         domain_dev=domain_dev,
         max_task_drop=max_task_drop,
+        teacher=teacher,
     )
     result = trainer.fit()
     # Relative inside the repository: the metrics file is tracked in git and must not name one machine's paths.

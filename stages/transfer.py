@@ -21,6 +21,9 @@ init's. TSDAE then contrastive is two runs, the second with ``--init`` the first
 ``--preset promptbert`` is PromptBERT's unsupervised training (two templates, each denoised, InfoNCE at 0.05,
 params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
+``--objective distill`` (``sentcl.distill``, settings ``train.distill``) learns from the teacher's vectors of the
+same text, stored by the teacher stage (``--teacher-vectors``, default data/teacher).
+
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
 set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_dev_drop`` below the init.
 Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
@@ -35,7 +38,7 @@ from typing import Any
 
 from sentcl.encoder import resolve_model_path
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
-from stages.common import RAW, load_params, missing_model, offline_hub
+from stages.common import DATA, RAW, load_params, missing_model, offline_hub
 from stages.training import (
     INIT_NAMES,
     count_truncated,
@@ -54,6 +57,7 @@ from stages.training import (
 )
 
 STAGE_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae")
+TEACHER_VECTORS = DATA / "teacher"  # stages.teacher
 log = logging.getLogger("stages.transfer")
 
 
@@ -77,6 +81,21 @@ def read_domain_dev(path: str, flag: str = "--domain-dev") -> list[tuple[str, st
         fail(f"{flag} {exc}")
 
 
+def load_teacher(folder: Path, texts: list[str]):
+    """The teacher stage's vectors, checked to cover every training sentence, or one line and exit 2."""
+    from sentcl.teacher import TeacherError, TeacherVectors
+
+    try:
+        teacher = TeacherVectors.load(folder)
+        if teacher.meta.get("model") == "none":
+            fail(f"transfer.objective distill: {folder} holds no teacher (teacher.model is none)")
+        teacher.lookup(texts)
+    except TeacherError as exc:
+        fail(f"transfer.objective distill: {exc}")
+    log.info("distill: teacher %s (%d-d), %d sentences", teacher.meta.get("model"), teacher.dim, len(texts))
+    return teacher
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = stage_parser(__doc__)
     parser.add_argument("--init", default="base", help="base, nli, joint, or a model folder")
@@ -97,6 +116,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--objective", choices=TRANSFER_OBJECTIVES, help="default: params transfer.objective")
     parser.add_argument("--preset", choices=list(PRESETS), help="default: params transfer.preset")
+    parser.add_argument(
+        "--teacher-vectors",
+        default=str(TEACHER_VECTORS),
+        help="objective distill: the teacher stage's output (default data/teacher)",
+    )
     parser.add_argument(
         "--domain-dev",
         help="scored pairs sentence1<TAB>sentence2<TAB>score: select on them, STS-B dev as a guard",
@@ -119,7 +143,6 @@ def main(argv: list[str] | None = None) -> None:
     domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
     pairs = load_pairs(Path(args.processed))
     choice = args.texts or section["texts"]
-    init = resolve_init(args.init, Path(args.models_dir))
     tokenizer, max_length = _sentence_room(init, config)
     texts = transfer_texts(
         choice, pairs, load_nli(Path(args.processed)), Path(args.raw), tokenizer, max_length
@@ -128,6 +151,7 @@ def main(argv: list[str] | None = None) -> None:
     texts = limit_texts(texts, max_texts, params["seed"])
     inputs = [Path(args.processed)] + ([Path(choice)] if Path(choice).exists() else [])
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
+    teacher = load_teacher(Path(args.teacher_vectors), texts) if config.objective == "distill" else None
     truncated = _truncated(texts, tokenizer, max_length, config)
     run_stage(
         stage,
@@ -142,6 +166,7 @@ def main(argv: list[str] | None = None) -> None:
         domain_dev=domain_dev,
         max_task_drop=float(params["registry"]["max_dev_drop"]) if domain_dev else None,
         summary={"texts_truncated": truncated},
+        teacher=teacher,
     )
 
 

@@ -1,0 +1,71 @@
+"""The ceilings of distillation: the teacher alone, the student alone and their ensemble (the mean of the two
+cosines of each pair) on the seven STS tasks, both protocols, plus STS-B dev.
+
+The teacher's vectors are the teacher stage's output (data/teacher, fp16), so the teacher is not run again; the
+student is encoded with the evaluate stage's fast path. Scoring is ``sentcl.evaluation``'s (the evaluate stage's).
+
+    python benchmarks/teacher_ceiling.py [--teacher-vectors data/teacher] [--student models/base] [--output F.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main(argv: list[str] | None = None) -> int:
+    from sentcl.evaluation import TASKS, load_benchmark, protocol_scores, spearman100
+    from sentcl.fast_encode import FastEncoder
+    from sentcl.sts import cosine
+    from sentcl.teacher import TeacherVectors
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--teacher-vectors", type=Path, default=ROOT / "data" / "teacher")
+    parser.add_argument("--student", default=str(ROOT / "models" / "base"))
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "raw")
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+
+    benchmark = load_benchmark(args.data)
+    sentences = benchmark.sentences
+    teacher = TeacherVectors.load(args.teacher_vectors)
+    t = teacher.lookup(sentences)
+    s = FastEncoder(args.student)(sentences)
+    index = {x: i for i, x in enumerate(sentences)}
+
+    def cosines(vectors: np.ndarray, subset) -> np.ndarray:
+        a = vectors[[index[x] for x in subset.sentences1]].astype(np.float64)
+        b = vectors[[index[x] for x in subset.sentences2]].astype(np.float64)
+        return cosine(a, b)
+
+    results = {}
+    for name, sims in (
+        ("teacher", lambda sub: cosines(t, sub)),
+        ("student", lambda sub: cosines(s, sub)),
+        ("ensemble", lambda sub: (cosines(t, sub) + cosines(s, sub)) / 2),
+        # what storing vectors in float16 costs, measured on the student (whose fp32 vectors are at hand)
+        ("student_fp16", lambda sub: cosines(s.astype(np.float16).astype(np.float32), sub)),
+    ):
+        row = protocol_scores(benchmark.subsets, [sims(sub) for sub in benchmark.subsets])
+        row["stsb_dev"] = spearman100(sims(benchmark.dev), benchmark.dev.gold)
+        results[name] = row
+    results["teacher_meta"] = teacher.meta
+    for name in ("teacher", "student", "ensemble", "student_fp16"):
+        for protocol in ("all", "mean"):
+            row = results[name][protocol]
+            cells = " ".join(f"{row[k]:.2f}" for k in (*TASKS, "avg"))
+            print(f"{name:12s} {protocol:4s} {cells} | dev {results[name]['stsb_dev']:.2f}")
+    if args.output:
+        args.output.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

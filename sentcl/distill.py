@@ -1,0 +1,161 @@
+"""Distillation from a stronger encoder (the teacher) on unlabeled text: the ``distill`` objective piece.
+
+The teacher never runs during training: its vectors are computed once per text (``stages.teacher``, fp16) and
+looked up by sentence (``sentcl.teacher.TeacherVectors``). Three losses, weighted by ``distill.weight``:
+
+``similarity_mse``  the student's in-batch cosine matrix regressed on the teacher's (MSE over the off-diagonal
+                    entries). Dimension-free: a 384-d student learns from a 768-d teacher without a projection.
+``listnet``         RankCSE's ranking distillation (perceptiveshawty/RankCSE rankcse/models.py ``ListNet``):
+                    each row of the student's cosine matrix at temperature tau and of the teacher's at tau / 2,
+                    the diagonal masked out; loss = -sum(q * log p) / sum(q), q the teacher's row softmax.
+``embedding_mse``   sentence-transformers' distillation (examples/training/distillation/model_distillation.py,
+                    ``losses.MSELoss``: mean squared error between the student's vector and the teacher's). The
+                    dimensions differ, so either the teacher is projected to the student's dimension with PCA
+                    fitted on the teacher's vectors of the training text (the example's ``Dense`` of PCA
+                    components, no bias, no centring), or the student is mapped to the teacher's with a learned
+                    linear layer (``projection: learned``, trained at ``head_lr``, dropped when saving).
+
+``distill.contrastive`` > 0 adds ConSERT's contrastive term over the recipe's two views at that weight (the
+``train.loss`` over ``views`` at ``temperature``); the similarity losses then compare the two views' vectors
+(z1 against z2, as RankCSE does), else each sentence's single pass with itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+DISTILL_LOSSES = ("similarity_mse", "listnet", "embedding_mse")
+PROJECTIONS = ("pca", "learned")
+
+
+@dataclass
+class DistillConfig:
+    """``train.distill`` in params.yaml (objective ``distill`` only); params.yaml holds the defaults."""
+
+    loss: str  # similarity_mse | listnet | embedding_mse
+    weight: float  # of the distillation term
+    temperature: float  # listnet: the student's tau (the teacher's is tau / 2, RankCSE)
+    projection: str  # embedding_mse: pca (teacher -> student dim) | learned (student -> teacher dim)
+    contrastive: float  # weight of ConSERT's contrastive term over the two views; 0 = distillation alone
+
+    def __post_init__(self) -> None:
+        if self.loss not in DISTILL_LOSSES:
+            raise ValueError(f"distill.loss: one of {', '.join(DISTILL_LOSSES)}, got {self.loss!r}")
+        if self.projection not in PROJECTIONS:
+            raise ValueError(f"distill.projection: one of {', '.join(PROJECTIONS)}, got {self.projection!r}")
+        for key in ("weight", "temperature", "contrastive"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"distill.{key}: a number not below 0, got {value!r}")
+        if self.temperature == 0:
+            raise ValueError("distill.temperature: greater than 0, got 0")
+
+
+def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T
+
+
+def _off_diagonal(m: torch.Tensor) -> torch.Tensor:
+    n = m.shape[0]
+    return m[~torch.eye(n, dtype=torch.bool, device=m.device)]
+
+
+def similarity_mse(student: torch.Tensor, teacher: torch.Tensor) -> torch.Tensor:
+    """Mean squared difference of the off-diagonal entries of two in-batch cosine matrices."""
+    return F.mse_loss(_off_diagonal(student), _off_diagonal(teacher))
+
+
+def listnet(student: torch.Tensor, teacher: torch.Tensor, tau: float) -> torch.Tensor:
+    """RankCSE ``ListNet.forward`` on cosine matrices: student logits cos / tau, teacher cos / (tau / 2)."""
+    eye = torch.eye(student.shape[0], dtype=torch.bool, device=student.device)
+    p = F.log_softmax((student / tau).masked_fill(eye, float("-inf")), dim=-1)
+    q = F.softmax((teacher / (tau / 2)).masked_fill(eye, float("-inf")), dim=-1)
+    return -(q * p).nansum() / q.nansum()
+
+
+def pca_components(vectors: np.ndarray, dim: int) -> torch.Tensor:
+    """The top ``dim`` principal axes of ``vectors`` ([dim, teacher dim]), as sklearn's PCA finds them (centred
+    SVD) and the example uses them (``Dense`` weight, applied to uncentred vectors)."""
+    x = np.asarray(vectors, dtype=np.float64)
+    x = x - x.mean(0, keepdims=True)
+    _, _, vt = np.linalg.svd(x, full_matrices=False)
+    if vt.shape[0] < dim:
+        raise ValueError(f"PCA to {dim} dimensions needs at least {dim} teacher vectors, got {len(vectors)}")
+    return torch.from_numpy(vt[:dim].astype(np.float32))
+
+
+class Distill(nn.Module):
+    """The ``distill`` objective (an ``sentcl.objectives.Objective``): sentences in, the teacher's vectors
+    looked up, the configured loss out. ``contrastive`` is a ``sentcl.objectives.Contrastive`` (alpha = its
+    weight) or None."""
+
+    examples = "sentences"
+    head_parameters: tuple[str, ...] = ()
+
+    def __init__(self, config: DistillConfig, dim: int, teacher: Any, contrastive: nn.Module | None) -> None:
+        super().__init__()
+        self.config, self.teacher, self.contrastive = config, teacher, contrastive
+        self.projection: nn.Module | None = None
+        if config.loss == "embedding_mse":
+            if config.projection == "learned":
+                self.projection = nn.Linear(dim, teacher.dim, bias=False)
+                self.head_parameters = ("projection",)
+            else:
+                self.register_buffer("pca", pca_components(teacher.vectors, dim))
+
+    def representations(self, embed: Any, items: Sequence[str]) -> dict[str, torch.Tensor]:
+        batch = embed.tokenize(items)
+        views = self.contrastive.views if self.contrastive is not None else ("none", "none")
+        reps = {"z1": embed(batch, views[0])}
+        if self.contrastive is not None:
+            reps["z2"] = embed(batch, views[1])
+        reps["teacher"] = torch.from_numpy(self.teacher.lookup(list(items))).to(reps["z1"].device)
+        return reps
+
+    def distill_loss(self, reps: dict[str, torch.Tensor]) -> torch.Tensor:
+        # Detached: the teacher is read only (and gradient caching then leaves it out of the replay).
+        t = reps["teacher"].detach().float()
+        z1 = reps["z1"].float()
+        z2 = reps["z2"].float() if "z2" in reps else z1
+        cfg = self.config
+        if cfg.loss == "embedding_mse":
+            if self.projection is not None:
+                return F.mse_loss(self.projection(z1), t)
+            return F.mse_loss(z1, t @ self.pca.T)
+        student, teacher = cosine_matrix(z1, z2), cosine_matrix(t, t)
+        if cfg.loss == "listnet":
+            return listnet(student, teacher, cfg.temperature)
+        return similarity_mse(student, teacher)
+
+    def loss(self, reps: dict[str, torch.Tensor], negatives: torch.Tensor | None = None) -> torch.Tensor:
+        loss = self.config.weight * self.distill_loss(reps)
+        if self.contrastive is not None:
+            loss = loss + self.contrastive.loss(reps, negatives)
+        return loss
+
+
+def build_distill(config: Any, dim: int, teacher: Any) -> Distill:
+    """The objective for a ``TrainConfig`` with objective ``distill`` (``sentcl.objectives.build_objective``)."""
+    from sentcl.losses import MLPProjection
+    from sentcl.objectives import Contrastive
+
+    if teacher is None:
+        raise ValueError("objective distill needs the teacher's vectors (stages.teacher)")
+    settings = config.distill
+    contrastive = None
+    if settings.contrastive > 0:
+        contrastive = Contrastive(
+            config.loss,
+            config.temperature,
+            config.views,
+            settings.contrastive,
+            MLPProjection(dim) if config.projection else None,
+        )
+    return Distill(settings, dim, teacher, contrastive)

