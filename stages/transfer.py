@@ -36,6 +36,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sentcl.distill import neighbour_pairs
 from sentcl.encoder import resolve_model_path
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
 from stages.common import DATA, RAW, load_params, missing_model, offline_hub
@@ -153,11 +154,15 @@ def main(argv: list[str] | None = None) -> None:
     inputs += [Path(args.domain_dev)] if args.domain_dev else []
     teacher = load_teacher(Path(args.teacher_vectors), texts) if config.objective == "distill" else None
     truncated = _truncated(texts, tokenizer, max_length, config)
+    examples: list[Any] = texts
+    if teacher is not None and config.distill.examples == "neighbours":
+        examples = neighbour_pairs(texts, teacher)
+        log.info("distill: %d (sentence, nearest teacher neighbour) pairs", len(examples))
     run_stage(
         stage,
         config,
         init,
-        texts,
+        examples,
         stsb_dev(pairs),
         output,
         params,

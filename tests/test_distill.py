@@ -151,6 +151,43 @@ def test_distillation_plus_consert_contrastive_term(setup):
     torch.testing.assert_close(objective.loss(reps), distill + 0.3 * nt, rtol=1e-4, atol=1e-6)
 
 
+def test_nearest_neighbours_is_each_sentences_most_similar_other_sentence(setup):
+    from sentcl.distill import nearest_neighbours, neighbour_pairs
+
+    _, teacher, sentences = setup
+    t = torch.tensor(teacher.lookup(sentences))
+    expected = []
+    for i in range(len(t)):  # brute force: every other sentence's cosine, the largest wins
+        sims = [float(F.cosine_similarity(t[i], t[j], dim=0)) if j != i else -2.0 for j in range(len(t))]
+        expected.append(int(np.argmax(sims)))
+    assert nearest_neighbours(teacher.lookup(sentences), chunk=7).tolist() == expected
+    pairs = neighbour_pairs(sentences, teacher)
+    assert pairs == [(sentences[i], sentences[j]) for i, j in enumerate(expected)]
+    assert all(a != b for a, b in pairs)
+
+
+def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
+    from sentcl.encoder import Encoder
+    from sentcl.objectives import Embedder, build_objective
+
+    student, teacher, sentences = setup
+    config = train_config(objective="distill", distill={"examples": "neighbours"}, bf16=False)
+    encoder = Encoder.from_pretrained(str(student))
+    objective = build_objective(config, encoder.dim, encoder, teacher)
+    assert objective.examples == "pairs"
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    items = [(sentences[i], sentences[i + 20]) for i in range(6)]
+    reps = objective.representations(embed, items)
+    flat = [a for a, _ in items] + [b for _, b in items]
+    z = torch.tensor(encoder.encode(flat))
+    t = torch.tensor(teacher.lookup(flat))
+    assert reps["z1"].shape[0] == 12
+    torch.testing.assert_close(reps["z1"].detach(), z, rtol=1e-4, atol=1e-5)
+    s, tt = _cos(z, z), _cos(t, t)
+    gaps = [(s[i, j] - tt[i, j]) ** 2 for i in range(12) for j in range(12) if i != j]
+    torch.testing.assert_close(objective.loss(reps), torch.stack(gaps).mean(), rtol=1e-4, atol=1e-6)
+
+
 def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exactly(setup, tmp_path):
     from sentcl.distill import cosine_matrix, similarity_mse
     from sentcl.encoder import Encoder
