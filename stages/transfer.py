@@ -38,6 +38,7 @@ from typing import Any
 
 from sentcl.distill import neighbour_pairs
 from sentcl.encoder import resolve_model_path
+from sentcl.texts import text_pairs
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
 from stages.common import DATA, RAW, load_params, missing_model, offline_hub
 from stages.training import (
@@ -158,6 +159,12 @@ def main(argv: list[str] | None = None) -> None:
     if teacher is not None and config.distill.examples == "neighbours":
         examples = neighbour_pairs(texts, teacher)
         log.info("distill: %d (sentence, nearest teacher neighbour) pairs", len(examples))
+    elif teacher is not None and config.distill.examples == "pairs":
+        try:
+            examples = text_pairs(choice, pairs, load_nli(Path(args.processed)), texts)
+        except ValueError as exc:
+            fail(f"train.distill.examples pairs: {exc}")
+        log.info("distill: %d unlabeled pairs of the %s text (scores never read)", len(examples), choice)
     run_stage(
         stage,
         config,
