@@ -283,8 +283,8 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
 def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tiny, tmp_path):
     import onnxruntime as ort
 
+    from sentcl.embedding_io import embed
     from sentcl.fast_encode import model_max_length
-    from stages.embed import embed
     from stages.export import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
