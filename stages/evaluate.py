@@ -140,10 +140,10 @@ def run_standalone(args: argparse.Namespace, params: dict[str, Any], prompt_flag
             benchmark,
             chosen.pooling,
             backend,
-            args.max_length,
-            max_tokens,
-            not args.no_progress,
-            chosen.prompt,
+            max_length=args.max_length,
+            max_tokens=max_tokens,
+            progress=not args.no_progress,
+            prompt=chosen.prompt,
         )
         log.info(scoring.summary_line(name, results[name]))
     text = json.dumps(results if as_mapping else next(iter(results.values())), indent=2) + "\n"
