@@ -26,7 +26,7 @@ def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    from stages.evaluate import write_summaries
+    from sentcl.model_evaluation import write_summaries
     from stages.validate import summary
 
     repo = tmp_path_factory.mktemp("views")
