@@ -284,8 +284,8 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
     import onnxruntime as ort
 
     from sentcl.fast_encode import model_max_length
+    from sentcl.release import export_onnx
     from stages.embed import embed
-    from stages.export import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
     folder, _, _ = tiny
