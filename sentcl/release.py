@@ -55,7 +55,7 @@ class OnnxMismatchError(ValueError):
     """The ONNX graph's vectors differ from PyTorch's by more than ``ONNX_TOLERANCE``."""
 
 
-def existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path]) -> str:
+def best_existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path]) -> str:
     """The checkpoint with the best selection score among those whose folder exists (sentcl.registry);
     ``LookupError`` when none does."""
     return choose_checkpoint(sts, {name for name, folder in folders.items() if folder.exists()})
