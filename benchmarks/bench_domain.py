@@ -40,8 +40,9 @@ import pandas as pd
 from sentcl.domain import RETRAIN_METHODS
 from sentcl.registry import GateConfig, gate_decision
 from sentcl.sts import STSEvaluator
+from sentcl.training_data import stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.training import fail, load_pairs, read_texts, stsb_dev
+from stages.training import fail, load_pairs, read_texts
 from stages.transfer import read_domain_dev
 
 METHODS = RETRAIN_METHODS  # params.yaml retrain.method picks one of these for the retrain flow

@@ -41,8 +41,9 @@ from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import load_benchmark
 from sentcl.fast_encode import FastEncoder
 from sentcl.model_pooling import read_model_pooling
+from sentcl.training_data import limit_texts
 from stages.common import DATA, RAW, ROOT, load_params, offline_hub
-from stages.training import fail, limit_texts, load_nli, load_pairs, transfer_texts
+from stages.training import fail, load_nli, load_pairs, transfer_texts
 
 log = logging.getLogger("stages.teacher")
 OUTPUT = DATA / "teacher"

@@ -40,21 +40,17 @@ from sentcl.distill import neighbour_pairs
 from sentcl.encoder import resolve_model_path
 from sentcl.texts import text_pairs
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
+from sentcl.training_data import INIT_NAMES, count_truncated, limit_texts, resolve_init, stsb_dev
 from stages.common import DATA, RAW, load_params, missing_model, offline_hub
 from stages.training import (
-    INIT_NAMES,
-    count_truncated,
     fail,
-    limit_texts,
     load_nli,
     load_pairs,
     records_dirs,
-    resolve_init,
     run_stage,
     setup_logging,
     stage_config,
     stage_parser,
-    stsb_dev,
     transfer_texts,
 )
 

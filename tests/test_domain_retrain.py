@@ -14,7 +14,8 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer, selectable
-from stages.training import count_truncated, read_texts
+from sentcl.training_data import count_truncated
+from stages.training import read_texts
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
 TEXTS = tiny_sentences(64, seed=1)

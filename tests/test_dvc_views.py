@@ -27,7 +27,7 @@ def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     from sentcl.model_evaluation import write_summaries
-    from stages.validate import summary
+    from sentcl.validation import summary
 
     repo = tmp_path_factory.mktemp("views")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)

@@ -286,7 +286,7 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
 
     from sentcl.embedding_io import embed
     from sentcl.fast_encode import model_max_length
-    from stages.export import export_onnx
+    from sentcl.release import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
     folder, _, _ = tiny

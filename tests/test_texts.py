@@ -123,7 +123,7 @@ def test_real_data_has_no_token_identical_overlap(capsys):
     reads as an STS-B dev or SICK-R trial sentence, no inductive one as a dev or test sentence. By string only,
     292 of the 2,909 unique STS-B dev sentences had a token-identical twin in the heldout text (counted when this
     was found), and 698 of SICK-R trial's 924 are SICK-R test sentences."""
-    from stages.validate import load_tables
+    from sentcl.validation import load_tables
 
     start = time.perf_counter()
     pairs, nli, _ = load_tables(SHARED, [])

@@ -12,7 +12,8 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer
-from stages.training import nli_triplets, stage_config
+from sentcl.training_data import nli_triplets
+from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
