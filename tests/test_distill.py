@@ -348,3 +348,35 @@ def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
     assert load_teacher(tmp_path / "some", ["a dog"]).dim == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "pooling"),
+    [
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, "last-avg"),  # all-mpnet's zip
+        ({"pooling_mode_cls_token": True}, "cls"),
+        (
+            {"pooling_mode": "mean", "include_prompt": True},
+            "last-avg",
+        ),  # sentence-transformers 5, sentcl's own
+        ({"pooling_mode": "cls"}, "cls"),
+    ],
+)
+def test_folder_pooling_reads_both_sentence_transformers_layouts(tmp_path, spec, pooling):
+    from sentcl import teacher as T
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(spec))
+    modules = [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert T.folder_pooling(tmp_path) == pooling
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+    with pytest.raises(T.TeacherError, match="only mean or CLS"):
+        T.folder_pooling(tmp_path)
+
+
+def test_a_tiny_student_folder_is_read_with_mean_pooling(tmp_path):
+    """What sentcl saves (a student, a champion) can be a teacher, and is scored as a student, with its pooling."""
+    from sentcl import teacher as T
+
+    assert T.folder_pooling(make_tiny_encoder(tmp_path)) == "last-avg"
