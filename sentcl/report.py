@@ -156,14 +156,34 @@ def _frequent_tokens_summary(path: Path) -> dict[str, Any] | None:
     return None if summary is None else summary | {"model_name": Path(summary["model"]).name}
 
 
-def _lr(params: dict[str, Any], checkpoint: str) -> Any:
-    """The learning rate a checkpoint trained with, as params.yaml resolves it (recipe, stage section, train)."""
+def _setting(params: dict[str, Any], checkpoint: str, key: str) -> Any:
+    """A setting a checkpoint trained with, as params.yaml resolves it (recipe, stage section, train)."""
     section, recipe = {"nli": ("pretrain_nli", None), "joint": ("joint", None)}.get(
         checkpoint, ("transfer", checkpoint.removeprefix("transfer-"))
     )
     stage = params.get(section) or {}
     own = (stage.get(recipe) or {}) if recipe else {}
-    return own.get("lr", stage.get("lr", (params.get("train") or {}).get("lr")))
+    return own.get(key, stage.get(key, (params.get("train") or {}).get(key)))
+
+
+def _lr(params: dict[str, Any], checkpoint: str) -> Any:
+    return _setting(params, checkpoint, "lr")
+
+
+def _objective(params: dict[str, Any], checkpoint: str) -> str:
+    """The objective, and for distillation the teacher it learned from."""
+    objective = _setting(params, checkpoint, "objective") or "contrastive"
+    if objective != "distill":
+        return str(objective)
+    teacher = (params.get("teacher") or {}).get("model")
+    stage = params.get("transfer") or {}
+    recipe = stage.get(checkpoint.removeprefix("transfer-")) or {}
+    settings = {
+        **((params.get("train") or {}).get("distill") or {}),
+        **(stage.get("distill") or {}),
+        **(recipe.get("distill") or {}),
+    }
+    return f"distill from {teacher} ({settings.get('loss')}, examples {settings.get('examples')})"
 
 
 def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -235,7 +255,8 @@ def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
         facts["training"] = (
             f"{record.get('steps')} steps, selected step {record.get('best_step')} "
             f"(STS-B dev {record.get('stsb_dev_step0')} -> {record.get('stsb_dev_best')}); "
-            f"lr {_lr(params, name)}; precision {precision}; {record.get('examples'):,} examples"
+            f"{_objective(params, name)}; lr {_lr(params, name)}; precision {precision}; "
+            f"{record.get('examples'):,} examples"
         )
     return facts
 

@@ -143,3 +143,16 @@ def test_text_from_the_records_is_escaped(metrics, tmp_path):
         )
     )
     assert "<script>x</script>" not in report.render(metrics, tmp_path / "plots", params())
+
+
+def test_a_distilled_champion_names_its_teacher(metrics, tmp_path):
+    p = params()
+    p["teacher"]["model"] = "all-mpnet-base-v2"
+    p["transfer"]["base"]["objective"] = "distill"
+    p["transfer"]["base"]["distill"] = {"examples": "neighbours"}
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
+    loss = p["train"]["distill"]["loss"]
+    assert f"distill from all-mpnet-base-v2 ({loss}, examples neighbours); lr" in page
+    p["transfer"]["base"]["objective"] = "contrastive"
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
+    assert "contrastive; lr" in page and "distill from" not in page
