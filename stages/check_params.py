@@ -23,6 +23,7 @@ from sentcl.fast_encode import BACKENDS
 from sentcl.model_pooling import POOLINGS, PromptSettings
 from sentcl.registry import GateConfig
 from sentcl.teacher import TeacherConfig
+from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
 from stages.fetch import FetchConfig
 from stages.training import INIT_NAMES, TEXT_CHOICES, stage_config
@@ -41,6 +42,7 @@ SECTIONS = (
     "evaluate",
     "registry",
     "flows",
+    "tracking",
 )
 EVALUATE_KEYS = ("pooling", "prompt", "backend", "max_tokens", "checkpoints")
 
@@ -130,6 +132,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("evaluate", _check_evaluate),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
+    ("tracking", TrackingConfig.from_params),
 )
 
 

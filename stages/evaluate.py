@@ -328,4 +328,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sentcl_mlflow.errors import run_main  # MLflow died or hung while logging: one line, exit 75
+
+    raise SystemExit(run_main("evaluate", main))

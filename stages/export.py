@@ -355,6 +355,7 @@ def log_and_register(
             pip_requirements=_pip_requirements(),
             inputs=inputs,
             tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+            experiment=registry.run_experiment(info["model_name"], GateConfig.from_params(params)),
         )
         timings["seconds_log_model"] = round(time.time() - started, 2)
         return model_uri, run_id
@@ -539,6 +540,13 @@ def run_cli(name: str, main_fn) -> int:  # noqa: ANN001
     ) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # MLflow died, hung or refused mid-stage: one line, 75 or 2 (sentcl_mlflow.errors)
+        from sentcl_mlflow.errors import one_line
+
+        if (known := one_line(name, e)) is None:
+            raise
+        print(known[1], file=sys.stderr)
+        return known[0]
 
 
 if __name__ == "__main__":
