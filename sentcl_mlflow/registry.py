@@ -260,6 +260,8 @@ def promotion_lock(
                 LEASE_SOURCE,
                 tags={"owner": owner, "lease_s": f"{lease_s:g}"},
                 description="waiting",
+                # A lease version has no files to wait for; MLflow would log "Waiting up to 300 seconds".
+                await_creation_for=0,
             ).version
         )
     except MlflowException as e:
