@@ -172,8 +172,11 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def release(tmp_path_factory):
+    return make_release(tmp_path_factory.mktemp("release"))
+
+
+def make_release(base: Path) -> Path:
     """What `stages.export` leaves in models/export, minus the ONNX file the register stage never reads."""
-    base = tmp_path_factory.mktemp("release")
     folder = make_tiny_encoder(base, "release", seed=3)
     digests = weight_file_digests(folder)
     row = {"all": {**TABLE, "avg": 53.0}, "stsb_dev": 61.0}
