@@ -9,6 +9,11 @@ folder; ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer 
 flow's ``retrain.method`` values, sentcl.domain.RETRAIN_METHODS). Several ``--method`` run side by side, each
 from the same starting model.
 
+``distill`` and ``distill+contrastive`` learn from params ``teacher.model`` (``none``: one line, exit 2). The
+teacher stage encodes the text and the dev pairs once, and scores teacher and starting model on the dev pairs
+(both numbers printed and in the JSON, ``teacher``); where the teacher is not better by more than
+``registry.min_delta`` the method is reported as skipped, untrained, as the retrain flow skips it.
+
 It starts from the base model (params ``model.name``) by default; ``--from champion`` downloads the registered
 champion (read only) and ``--from DIR`` takes a model folder. It registers nothing, in no store: the gate's
 decision is the registry's own rule (sentcl.registry.gate_decision, params ``registry:``) applied to the STS-B
@@ -37,11 +42,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.domain import RETRAIN_METHODS
+from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher, teacher_not_better
 from sentcl.registry import GateConfig, gate_decision
 from sentcl.sts import STSEvaluator
+from sentcl.training_data import stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.training import fail, load_pairs, read_texts, stsb_dev
+from stages.training import fail, load_pairs, read_texts
 from stages.transfer import read_domain_dev
 
 METHODS = RETRAIN_METHODS  # params.yaml retrain.method picks one of these for the retrain flow
@@ -94,14 +100,42 @@ def transfer(
     steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
     cmd += ["--steps", str(steps)] if steps else []
     cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
-    env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+    cmd += ["--teacher-vectors", str(work / "teacher")] if objective == "distill" else []
     print(f"bench-domain: {name}: {objective} from {init}", flush=True)
     start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env)
+    done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
     if done.returncode:
         raise SystemExit(f"bench-domain: the {name} run failed (exit {done.returncode}); its log is above")
     metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
     return output, metrics, time.perf_counter() - start
+
+
+def stage_env() -> dict[str, str]:
+    return dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+
+
+def check_teacher(
+    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, min_delta: float
+) -> dict[str, Any]:
+    """The teacher stage on the text and the dev pairs (``work/teacher``, what distill learns from), with the
+    starting model scored beside the teacher; ``nothing_to_distil``: the one line, when it is not better."""
+    cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text, "--no-benchmark"]
+    cmd += ["--output", str(work / "teacher"), "--domain-dev", str(dev), "--student", init]
+    cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
+    print(f"bench-domain: teacher {teacher} on the text and the dev pairs", flush=True)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
+    if done.returncode:
+        raise SystemExit(f"bench-domain: the teacher stage failed (exit {done.returncode}); its log is above")
+    scores = json.loads((work / "teacher" / "teacher.json").read_text())["domain_dev"]
+    line = teacher_not_better(teacher, scores["teacher"], scores["student"], min_delta)
+    print(
+        f"bench-domain: domain dev: teacher {scores['teacher']:.2f}, starting model {scores['student']:.2f}"
+        + (f"; {line}" if line else ""),
+        flush=True,
+    )
+    seconds = round(time.perf_counter() - start, 1)
+    return {"model": teacher, **scores, "nothing_to_distil": line, "wall_s": seconds}
 
 
 def table(before: dict[str, float], results: dict[str, dict[str, Any]]) -> str:
@@ -174,6 +208,11 @@ def main(argv: list[str] | None = None) -> int:
     gate = GateConfig.from_params(params)
     if args.init not in ("base", "champion") and not Path(args.init).is_dir():
         fail(f"--from {args.init}: neither base, champion nor a model folder")
+    try:
+        teachers = {retrain_teacher(params, method) for method in args.method} - {None}
+    except RetrainConfigError as exc:
+        fail(str(exc))
+    teacher = teachers.pop() if teachers else None  # every method reads the one teacher.model
     backend = args.backend or params["evaluate"]["backend"]
     if not (Path(args.processed) / "pairs.parquet").is_file():
         fail(f"{args.processed}/pairs.parquet: missing; run `dvc repro validate` first")
@@ -201,12 +240,20 @@ def main(argv: list[str] | None = None) -> int:
         )
         sets = {"test": test, "stsb_dev": stsb_dev(pairs), "domain_dev": dev}
         before = score(init, sets, backend)
+        checked = (
+            check_teacher(teacher, init, args, text_path, dev_path, work, gate.min_delta) if teacher else None
+        )
         results: dict[str, dict[str, Any]] = {}
+        skipped: dict[str, str] = {}
         # Runs by their chain of objectives from the init: tsdae+contrastive starts from the very run `tsdae`
         # made (same init, text and settings: CPU training repeats bit for bit), so it is not trained twice;
         # its wall time still counts the reused run.
         finished: dict[tuple[str, ...], tuple[Path, dict[str, Any], float]] = {}
         for method in args.method:
+            if checked and checked["nothing_to_distil"] and "distill" in METHODS[method]:
+                skipped[method] = checked["nothing_to_distil"]
+                print(f"bench-domain: {method}: skipped, untrained", flush=True)
+                continue
             model, runs, wall = init, [], 0.0
             for i, objective in enumerate(METHODS[method]):
                 chain = tuple(METHODS[method][: i + 1])
@@ -237,12 +284,14 @@ def main(argv: list[str] | None = None) -> int:
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     print(f"\nbench-domain from {args.init} ({init}); load average {load}\n")
-    print(table(before, results))
+    if results:
+        print(table(before, results))
+    for method, line in skipped.items():
+        print(f"\n{method}: skipped: {line}")
     if args.json:
-        Path(args.json).write_text(
-            json.dumps({"from": init, "before": before, "methods": results, "load_average": load}, indent=2)
-            + "\n"
-        )
+        record = {"from": init, "before": before, "methods": results, "load_average": load}
+        record |= {"teacher": checked, "skipped": skipped} if checked else {}
+        Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
 

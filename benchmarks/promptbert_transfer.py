@@ -25,8 +25,9 @@ from sentcl.encoder import Encoder
 from sentcl.model_pooling import PromptSettings
 from sentcl.prompt import MLPHead, PromptContrastiveLoss
 from sentcl.sts import STSEvaluator
+from sentcl.training_data import sts_test_sentences, stsb_dev
 from stages.common import load_params
-from stages.training import load_pairs, sts_test_sentences, stsb_dev
+from stages.training import load_pairs
 
 log = logging.getLogger("promptbert_transfer")
 

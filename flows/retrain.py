@@ -14,7 +14,14 @@ folder is the state, on a laptop or a Kubernetes volume alike. A file that is no
 warning line (and archived with the rest); an upload still going (``.part``, ``.tmp``) is left for a later run.
 
 The method is params.yaml ``retrain.method``: contrastive | tsdae | tsdae+contrastive (TSDAE, then the
-contrastive transfer from its output). A run in which no step of any transfer beat its init registers nothing.
+contrastive transfer from its output) | distill | distill+contrastive. A run in which no step of any transfer beat
+its init registers nothing.
+
+A distill method learns from params ``teacher.model`` (``none`` with a distill method: one line, exit 2, before
+any work). The teacher stage encodes the domain text and the ``--domain-dev`` pairs into the work folder and scores
+teacher and student (the init) on those pairs; a teacher not better by more than ``registry.min_delta`` is said in
+one line and nothing is trained or registered (the inbox is archived, as on "no gain"): there is nothing to learn
+from it. Without ``--domain-dev`` the teacher cannot be checked: the run says so and distils.
 
 Every step is a stage run as a subprocess (stages.transfer, stages.evaluate, stages.export) so that the
 flow adds orchestration only. Work files go to ``runs/retrain/<time>-<sha8>-<random>/`` (two runs on the same
@@ -55,10 +62,12 @@ from sentcl.domain import (
     read_domain_text,
     read_scored_pairs,
     retrain_method,
+    retrain_teacher,
+    teacher_not_better,
     write_sentences,
 )
-from sentcl.registry import DEV_GUARDS
-from stages.common import PROCESSED, ROOT, load_params
+from sentcl.registry import DEV_GUARDS, GateConfig
+from stages.common import PROCESSED, RAW, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
 PY = sys.executable
@@ -182,6 +191,28 @@ def ensure_data() -> None:
     retry_delay_seconds=SETTINGS.retry_delay_s,
     retry_condition_fn=retry_if_transient,
 )
+def teacher_vectors(
+    model: str, texts: str, init: str, work: Path, env: dict[str, str], options: dict[str, Any]
+) -> dict[str, Any]:
+    """The teacher stage on the domain text (and the domain dev pairs, scored with the init beside it) into
+    ``work/teacher``; its record (``teacher.json``). The STS sentences are left out: a retrain reads none."""
+    output = work / "teacher"
+    cmd = [PY, "-m", "stages.teacher", "--model", model, "--texts", texts, "--output", str(output)]
+    cmd += ["--no-benchmark", "--processed", str(options.get("processed") or PROCESSED)]
+    cmd += (
+        ["--domain-dev", str(options["domain_dev"]), "--student", init] if options.get("domain_dev") else []
+    )
+    cmd += ["--params", str(options["params"])] if options.get("params") else []
+    run_stage(cmd, env=env)
+    return json.loads((output / "teacher.json").read_text())
+
+
+@task(
+    cache_policy=NO_CACHE,
+    retries=SETTINGS.retries,
+    retry_delay_seconds=SETTINGS.retry_delay_s,
+    retry_condition_fn=retry_if_transient,
+)
 def transfer(
     init: str,
     texts: str,
@@ -192,7 +223,7 @@ def transfer(
     options: dict[str, Any],
 ) -> dict[str, Any]:
     """One transfer run (``objective`` from ``init``); its model folder and its training record.
-    ``options``: steps, domain_dev, params, processed (None: the stage's defaults)."""
+    ``options``: steps, domain_dev, params, processed, teacher_vectors (None: the stage's defaults)."""
     output = work / "models" / stage
     cmd = [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
     cmd += ["--stage", stage, "--objective", objective, "--metrics-dir", str(work / "metrics")]
@@ -201,6 +232,8 @@ def transfer(
     cmd += ["--steps", str(options["steps"])] if options.get("steps") else []
     cmd += ["--domain-dev", str(options["domain_dev"])] if options.get("domain_dev") else []
     cmd += ["--params", str(options["params"])] if options.get("params") else []
+    if objective == "distill":
+        cmd += ["--teacher-vectors", str(options["teacher_vectors"])]
     run_stage(cmd, env=env)
     record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
     return {"stage": stage, "objective": objective, "output": str(output), **record}
@@ -212,8 +245,10 @@ def transfer(
     retry_delay_seconds=SETTINGS.retry_delay_s,
     retry_condition_fn=retry_if_transient,
 )
-def evaluate(models: dict[str, str], output: Path, env: dict[str, str]) -> dict[str, Any]:
-    cmd = [PY, "-m", "stages.evaluate", "--output", str(output), "--no-progress"]
+def evaluate(
+    models: dict[str, str], output: Path, env: dict[str, str], raw: str | None = None
+) -> dict[str, Any]:
+    cmd = [PY, "-m", "stages.evaluate", "--output", str(output), "--no-progress", "--data", str(raw or RAW)]
     for name, folder in models.items():
         cmd += ["--model", f"{name}={folder}"]
     run_stage(cmd, env=env)
@@ -244,20 +279,22 @@ def retrain(
     method: str | None = None,
     params: str | None = None,
     processed: str | None = None,
+    raw: str | None = None,
 ) -> dict[str, Any]:
     """Transfer the champion to ``domain_text``, register the better of init and result, run the gate.
 
     ``domain_text``: a file or folder; default the inbox (``SENTCL_INBOX``, its new files only).
     ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml (the
     transfer stage and the init read it). ``processed``: a folder with pairs.parquet instead of data/processed
-    (then `dvc repro validate` is not run). ``keep``: leave the work folder after a successful run."""
+    (then `dvc repro validate` is not run). ``raw``: a SentEval-layout folder instead of data/raw for the
+    evaluation before the gate. ``keep``: leave the work folder after a successful run."""
     from prefect.runtime import flow_run
 
     logger = get_run_logger()
     domain_text = str(domain_text or inbox())
     # Stages run with the repository as working directory: paths a person typed are made absolute here.
-    domain_dev, params, processed = (
-        str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed)
+    domain_dev, params, processed, raw = (
+        str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed, raw)
     )
     check_inside_inbox(domain_text, trigger)
     files = new_files(domain_text, trigger)
@@ -266,9 +303,11 @@ def retrain(
             f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
         )
         return {"status": "nothing new", "registered_version": None, "archived": []}
-    method = method or retrain_method(load_params(Path(params) if params else None))
+    settings = load_params(Path(params) if params else None)
+    method = method or retrain_method(settings)
     if method not in RETRAIN_METHODS:
         raise RetrainConfigError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
+    teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
     checked = check_text(domain_text, files)
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
@@ -293,21 +332,28 @@ def retrain(
     if not processed:
         ensure_data()
     options = {"steps": steps, "domain_dev": domain_dev, "params": params, "processed": processed}
+    options["teacher_vectors"] = str(work / "teacher")
+    base: dict[str, Any] = {
+        "method": method,
+        "runs": [],
+        "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
+        "work_dir": str(work),
+        "domain_text_sha256": sha,
+    }
+    if teacher:
+        base["teacher"] = check_teacher(teacher, text["path"], init["folder"], work, env, options, settings)
+        if base["teacher"].get("nothing_to_distil"):
+            result = {**base, "status": "teacher not better", "registered_version": None}
+            return finish(result, files, work, keep=keep or not own_work)
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
         run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, options)
         runs.append(run)
         model = run["output"]
-    base = {
-        "method": method,
-        "runs": [
-            {k: r.get(k) for k in ("objective", "init", "best_step", "steps", "beat_init", "selected_on")}
-            for r in runs
-        ],
-        "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
-        "work_dir": str(work),
-        "domain_text_sha256": sha,
-    }
+    base["runs"] = [
+        {k: r.get(k) for k in ("objective", "init", "best_step", "steps", "beat_init", "selected_on")}
+        for r in runs
+    ]
     init_name = "champion" if init["version"] else "base"
     if not any(r.get("beat_init") for r in runs):
         # The candidate would be the init itself: registering it again teaches the registry nothing.
@@ -320,10 +366,35 @@ def retrain(
     else:
         # The last run that beat its init holds the final weights (a later run that did not returned them).
         winner = [r for r in runs if r.get("beat_init")][-1]
-        result = {**base, **register_and_gate(init, init_name, winner, work, env, domain_dev, sha, trigger)}
+        gated = register_and_gate(init, init_name, winner, work, env, domain_dev, sha, trigger, raw)
+        result = {**base, **gated}
         result["status"] = "gated"
         print(describe(result))
     return finish(result, files, work, keep=keep or not own_work)
+
+
+def check_teacher(
+    teacher: str,
+    texts: str,
+    init: str,
+    work: Path,
+    env: dict[str, str],
+    options: dict[str, Any],
+    settings: dict[str, Any],
+) -> dict[str, Any]:
+    """The teacher's vectors of the text in ``work/teacher``, and teacher against student on the domain dev
+    pairs: ``nothing_to_distil`` (the one line said) when the teacher is not better by registry.min_delta."""
+    record = teacher_vectors(teacher, texts, init, work, env, options)
+    scores = record.get("domain_dev")
+    if scores is None:
+        print(f"retrain: no --domain-dev pairs: teacher {teacher} is not checked against the student")
+        return {"model": teacher}
+    line = teacher_not_better(
+        teacher, scores["teacher"], scores["student"], GateConfig.from_params(settings).min_delta
+    )
+    if line:
+        print(f"retrain: {line}")
+    return {"model": teacher, **scores, "nothing_to_distil": line}
 
 
 def register_and_gate(
@@ -335,6 +406,7 @@ def register_and_gate(
     domain_dev: str | None,
     sha: str,
     trigger: str,
+    raw: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate the retrained model (and the init, unless its registered scores are known), export and gate."""
     stage, retrained = last["stage"], last["output"]
@@ -343,7 +415,7 @@ def register_and_gate(
     # Re-scored when its registered scores lack a dev guard (a version registered before the gate read it).
     if row is None or not row.get("all") or any(row.get(guard) is None for guard in DEV_GUARDS):
         to_evaluate[init_name] = init["folder"]
-    sts = evaluate(to_evaluate, work / "sts.json", env)
+    sts = evaluate(to_evaluate, work / "sts.json", env, raw)
     if init_name not in sts:
         sts[init_name] = init["sts_row"]  # the champion's registered scores: same protocol, no re-run
     (work / "candidates.json").write_text(json.dumps(sts, indent=2) + "\n")

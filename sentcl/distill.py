@@ -8,6 +8,8 @@ looked up by sentence (``sentcl.teacher.TeacherVectors``). Three losses, weighte
 ``listnet``         RankCSE's ranking distillation (perceptiveshawty/RankCSE rankcse/models.py ``ListNet``):
                     each row of the student's cosine matrix at temperature tau and of the teacher's at tau / 2,
                     the diagonal masked out; loss = -sum(q * log p) / sum(q), q the teacher's row softmax.
+``pair_mse``        each unlabeled pair's student cosine regressed on the teacher's (``examples`` neighbours or
+                    pairs): sentence-transformers' CosineSimilarityLoss with the teacher as the labeller.
 ``embedding_mse``   sentence-transformers' distillation (examples/training/distillation/model_distillation.py,
                     ``losses.MSELoss``: mean squared error between the student's vector and the teacher's). The
                     dimensions differ, so either the teacher is projected to the student's dimension with PCA
@@ -31,9 +33,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-DISTILL_LOSSES = ("similarity_mse", "listnet", "embedding_mse")
+DISTILL_LOSSES = ("similarity_mse", "listnet", "embedding_mse", "pair_mse")
 PROJECTIONS = ("pca", "learned")
-DISTILL_EXAMPLES = ("sentences", "neighbours")
+DISTILL_EXAMPLES = ("sentences", "neighbours", "pairs")
 
 
 @dataclass
@@ -60,6 +62,10 @@ class DistillConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
                 raise ValueError(f"distill.{key}: a number not below 0, got {value!r}")
+        if self.loss == "pair_mse" and self.examples == "sentences":
+            raise ValueError(
+                "distill.loss pair_mse needs distill.examples neighbours or pairs, got sentences"
+            )
         if self.temperature == 0:
             raise ValueError("distill.temperature: greater than 0, got 0")
 
@@ -134,7 +140,7 @@ class Distill(nn.Module):
     def __init__(self, config: DistillConfig, dim: int, teacher: Any, contrastive: nn.Module | None) -> None:
         super().__init__()
         self.config, self.teacher, self.contrastive = config, teacher, contrastive
-        self.examples = "pairs" if config.examples == "neighbours" else "sentences"
+        self.examples = "sentences" if config.examples == "sentences" else "pairs"
         self.projection: nn.Module | None = None
         if config.loss == "embedding_mse":
             if config.projection == "learned":
@@ -165,6 +171,14 @@ class Distill(nn.Module):
                 return F.mse_loss(self.projection(z1), t)
             return F.mse_loss(z1, t @ self.pca.T)
         student, teacher = cosine_matrix(z1, z2), cosine_matrix(t, t)
+        if cfg.loss == "pair_mse":
+            # sentence-transformers CosineSimilarityLoss (losses/CosineSimilarityLoss.py: MSE of cos(u, v) and the
+            # label) with the teacher's cosine as the silver label, as augmented SBERT labels its sampled pairs
+            # (examples/training/data_augmentation/train_sts_indomain_semantic.py). Rows [0, n) are the first
+            # sides and [n, 2n) the second (``representations``): pair i is entry (i, n + i).
+            n = student.shape[0] // 2
+            rows = torch.arange(n, device=student.device)
+            return F.mse_loss(student[rows, rows + n], teacher[rows, rows + n])
         if cfg.loss == "listnet":
             return listnet(student, teacher, cfg.temperature)
         return similarity_mse(student, teacher)

@@ -29,6 +29,9 @@ RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
     "contrastive": ("contrastive",),
     "tsdae": ("tsdae",),
     "tsdae+contrastive": ("tsdae", "contrastive"),
+    # distill learns from params ``teacher.model``'s vectors of the domain text (the teacher stage writes them).
+    "distill": ("distill",),
+    "distill+contrastive": ("distill", "contrastive"),
 }
 RETRAIN_KEYS = ("method",)
 
@@ -58,7 +61,39 @@ def retrain_method(params: Mapping[str, Any]) -> str:
         raise RetrainConfigError(
             f"params.yaml: retrain.method {method!r} is not one of {', '.join(RETRAIN_METHODS)}"
         )
+    retrain_teacher(params, method)
     return method
+
+
+def retrain_teacher(params: Mapping[str, Any], method: str) -> str | None:
+    """params.yaml ``teacher.model`` when ``method`` distils (None when it does not); a distill method with
+    ``teacher.model: none`` is refused here, before any text is read or any model loaded."""
+    if "distill" not in RETRAIN_METHODS.get(method, ()):
+        return None
+    # The section's own rules are sentcl.teacher.TeacherConfig's (check_params, the teacher stage); only the
+    # model is read here, so that every stage reading this module does not depend on the teacher's code.
+    section = params.get("teacher")
+    model = section.get("model") if isinstance(section, Mapping) else None
+    if model in (None, "none"):
+        raise RetrainConfigError(
+            f"params.yaml: retrain.method {method} distils from a teacher but teacher.model is {model or 'missing'} "
+            "(set teacher.model: all-mpnet-base-v2, a model folder or a models:/ URI)"
+        )
+    return str(model)
+
+
+def teacher_not_better(
+    teacher: str, teacher_score: float, student_score: float, min_delta: float
+) -> str | None:
+    """Why distilling would teach nothing (one line), or None: the teacher must beat the student on the
+    domain's dev pairs by more than ``min_delta`` (params ``registry.min_delta``: the registry's margin for a
+    score that counts as better; a smaller lead is noise, and a student rarely overtakes its teacher)."""
+    if teacher_score - student_score > min_delta:
+        return None
+    return (
+        f"teacher {teacher} scores {teacher_score:.2f} on the domain dev pairs, the student {student_score:.2f}: "
+        f"not better by more than registry.min_delta {min_delta:.2f}, nothing to distil"
+    )
 
 
 @dataclass

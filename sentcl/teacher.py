@@ -221,9 +221,10 @@ def folder_pooling(folder: Path) -> str:
             if not config.is_file():
                 return "last-avg"
             spec = json.loads(config.read_text())
-            if spec.get("pooling_mode_mean_tokens"):
+            # sentence-transformers < 5 writes one flag per mode; 5 writes "pooling_mode" (what sentcl saves).
+            if spec.get("pooling_mode_mean_tokens") or spec.get("pooling_mode") == "mean":
                 return "last-avg"
-            if spec.get("pooling_mode_cls_token"):
+            if spec.get("pooling_mode_cls_token") or spec.get("pooling_mode") == "cls":
                 return "cls"
             raise TeacherError(f"teacher: {config}: only mean or CLS pooling can be a teacher's")
     return "last-avg"

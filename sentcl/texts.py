@@ -76,3 +76,36 @@ def inductive_texts(
 ) -> Selection:
     """``transfer.texts: inductive``: training-split sentences, none token-identical to a dev or test sentence."""
     return drop_token_identical(train_sentences, evaluated_sentences, tokenizer, max_length)
+
+
+def pairs_within(candidates: Iterable[tuple[str, str]], texts: Iterable[str]) -> list[tuple[str, str]]:
+    """The unique unlabeled pairs of ``candidates`` whose two sides are both training sentences (``texts``),
+    sorted (a stable order): a pair with a side dropped as token-identical to an evaluated sentence is dropped
+    with it. Scores are never read: the pairing itself is the signal (the teacher labels it)."""
+    kept = set(texts)
+    return sorted({(a, b) for a, b in candidates if a in kept and b in kept and a != b})
+
+
+STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
+
+
+def text_pairs(choice: str, pairs: Any, nli: Any, texts: Iterable[str]) -> list[tuple[str, str]]:
+    """The unlabeled pairs a built-in text's sentences come in (``distill.examples: pairs``), both sides kept in
+    ``texts``: heldout, the seven test sets' pairs (transductive, like the text itself); inductive, STS-B train,
+    SICK train and the NLI premise/hypothesis pairs; consert, every STS/SICK pair. ``pairs`` and ``nli`` are the
+    processed tables (columns task, split, sentence1, sentence2; premise, hypothesis). A text file has no pairs."""
+    if choice == "heldout":
+        frame = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
+        candidates = list(zip(frame.sentence1, frame.sentence2, strict=True))
+    elif choice == "inductive":
+        frame = pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")]
+        candidates = list(zip(frame.sentence1, frame.sentence2, strict=True))
+        candidates += list(zip(nli.premise, nli.hypothesis, strict=True))
+    elif choice == "consert":
+        candidates = list(zip(pairs.sentence1, pairs.sentence2, strict=True))
+    else:
+        raise ValueError(f"the text {choice!r} comes without pairs (use neighbours)")
+    found = pairs_within(candidates, texts)
+    if not found:
+        raise ValueError(f"no pair of the {choice} text has both sides in the training text")
+    return found

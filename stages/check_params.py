@@ -20,13 +20,14 @@ from typing import Any
 from flows.common import FlowConfig
 from sentcl.domain import retrain_method
 from sentcl.fast_encode import BACKENDS
+from sentcl.fetching import FetchConfig
 from sentcl.model_pooling import POOLINGS, PromptSettings
 from sentcl.registry import GateConfig
 from sentcl.teacher import TeacherConfig
+from sentcl.training_data import INIT_NAMES, TEXT_CHOICES
 from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
-from stages.fetch import FetchConfig
-from stages.training import INIT_NAMES, TEXT_CHOICES, stage_config
+from stages.training import stage_config
 from stages.transfer import transfer_config
 
 SECTIONS = (

@@ -7,20 +7,17 @@ from pathlib import Path
 
 from sentcl.encoder import resolve_model_path
 from sentcl.train import TRIPLET_OBJECTIVES
+from sentcl.training_data import nli_pairs, nli_triplets, resolve_init, stsb_dev
 from stages.common import load_params, missing_model, offline_hub
 from stages.training import (
     fail,
     load_nli,
     load_pairs,
-    nli_pairs,
-    nli_triplets,
     records_dirs,
-    resolve_init,
     run_stage,
     setup_logging,
     stage_config,
     stage_parser,
-    stsb_dev,
 )
 
 

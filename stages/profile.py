@@ -59,8 +59,8 @@ def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
 
 def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
     """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off)."""
+    from sentcl.training_data import TEXT_CHOICES
     from stages import base, joint, pretrain_nli, transfer
-    from stages.training import TEXT_CHOICES
 
     params = merge(load_params(), params_yaml.load(Path(profile).read_text()) or {})
     params["model"]["name"] = str(model)

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 from sentcl.registry import GateConfig
+from stages.cli import BadInput, run_cli
 from stages.common import METRICS, load_params, offline_hub
-from stages.export import OUTPUT, BadInput, log_and_register, registry_summary, run_cli
+from stages.export import OUTPUT, PYFUNC_MODEL
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
     from sentcl_mlflow import store
     from sentcl_mlflow.registry import target_model_name
+    from sentcl_mlflow.release import log_and_register, registry_summary
 
     params = load_params()
     config = GateConfig.from_params(params)
@@ -58,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             not args.no_gate,
             None,
             args.by,
+            model_file=PYFUNC_MODEL,
         )
         summary = {"checkpoint": info["checkpoint"], **registry_summary(result)}
     args.summary.parent.mkdir(parents=True, exist_ok=True)

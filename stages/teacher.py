@@ -15,6 +15,12 @@ seconds and peak memory). The sentences are the transfer text (``transfer.texts`
 every sentence of the seven STS tasks and STS-B dev (the ceilings: teacher alone and the ensemble), each once,
 encoded with the evaluate stage's fast path (dedup, global length sort, ONNX Runtime).
 
+A retrain (flows/retrain.py, benchmarks/bench_domain.py) adds ``--domain-dev PAIRS``: the pairs' sentences are
+encoded too and ``teacher.json`` records the teacher's Spearman x 100 on them (``domain_dev``), from the stored fp16
+vectors the transfer learns from; ``--student MODEL`` adds the starting model's, encoded the same way, so the
+two numbers differ only by the model. ``--no-benchmark`` leaves out the STS sentences (a retrain reads only its
+text: the ceilings are the DVC stage's business).
+
 Bad input (a missing package, a hash that does not match, a folder that does not load): one line, exit 2, and
 data/teacher untouched.
 """
@@ -37,12 +43,15 @@ import numpy as np
 from transformers import AutoTokenizer
 
 from sentcl import teacher as T
+from sentcl.domain import DomainTextError, read_scored_pairs
 from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import load_benchmark
 from sentcl.fast_encode import FastEncoder
 from sentcl.model_pooling import read_model_pooling
+from sentcl.sts import STSEvaluator
+from sentcl.training_data import limit_texts
 from stages.common import DATA, RAW, ROOT, load_params, offline_hub
-from stages.training import fail, limit_texts, load_nli, load_pairs, transfer_texts
+from stages.training import fail, load_nli, load_pairs, transfer_texts
 
 log = logging.getLogger("stages.teacher")
 OUTPUT = DATA / "teacher"
@@ -130,8 +139,16 @@ def open_encoder(folder: Path, backend: str, max_tokens: int) -> FastEncoder:
         hf_logging.set_verbosity(verbosity)
 
 
-def sentences_to_encode(params: dict[str, Any], texts: str | None, raw: Path, processed: Path) -> list[str]:
-    """The transfer text, then every benchmark sentence not in it (each once, first-seen order)."""
+def sentences_to_encode(
+    params: dict[str, Any],
+    texts: str | None,
+    raw: Path,
+    processed: Path,
+    extra: list[str] = (),
+    benchmark: bool = True,
+) -> list[str]:
+    """The transfer text, then every benchmark sentence (unless not ``benchmark``) and every ``extra`` one (the
+    domain dev pairs') not in it; each once, first-seen order."""
     section = params.get("transfer") or {}
     choice = texts or section["texts"]
     # The student's tokenizer decides which sentences are token-identical to an evaluated one, exactly as the
@@ -141,14 +158,46 @@ def sentences_to_encode(params: dict[str, Any], texts: str | None, raw: Path, pr
         choice, load_pairs(processed), load_nli(processed), raw, tokenizer, params["model"]["max_length"]
     )
     train = limit_texts(train, section.get("max_texts"), params["seed"])
-    bench = load_benchmark(raw).sentences
-    return list(dict.fromkeys([*train, *bench]))
+    bench = load_benchmark(raw).sentences if benchmark else []
+    return list(dict.fromkeys([*train, *bench, *extra]))
+
+
+def pair_sentences(pairs: list[tuple[str, str, float]]) -> list[str]:
+    return list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))
+
+
+def domain_dev_scores(
+    record: T.TeacherVectors,
+    pairs: list[tuple[str, str, float]],
+    student: str | None,
+    settings: T.TeacherConfig,
+) -> dict[str, Any]:
+    """Spearman x 100 of the teacher (its stored fp16 vectors: what distillation learns from) and, with
+    ``student``, of that model (encoded as the teacher was) on the domain dev pairs."""
+    scores: dict[str, Any] = {"pairs": len(pairs), "teacher": STSEvaluator(pairs, "domain")(record.lookup)}
+    if student:
+        encoder = open_encoder(Path(resolve_model_path(student)), settings.backend, settings.max_tokens)
+        scores["student"] = STSEvaluator(pairs, "domain")(encoder)
+        scores["student_model"] = student
+    return scores
 
 
 def run(
-    params: dict[str, Any], output: Path, model: str | None, texts: str | None, raw: Path, processed: Path
+    params: dict[str, Any],
+    output: Path,
+    model: str | None,
+    texts: str | None,
+    raw: Path,
+    processed: Path,
+    domain_dev: Path | None = None,
+    student: str | None = None,
+    benchmark: bool = True,
 ) -> dict[str, Any]:
     settings = settings_of(params)
+    try:
+        pairs = read_scored_pairs(domain_dev) if domain_dev else []
+    except (DomainTextError, OSError) as exc:
+        raise T.TeacherError(f"--domain-dev {domain_dev}: {exc}") from None
     model = model or settings.model
     if model == "none":
         record = T.TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"})
@@ -159,10 +208,12 @@ def run(
         # The teacher first: a bad one is refused before any text is read.
         folder = teacher_folder(model, settings, Path(scratch))
         encoder = open_encoder(folder, settings.backend, settings.max_tokens)
-        sentences = sentences_to_encode(params, texts, raw, processed)
+        sentences = sentences_to_encode(params, texts, raw, processed, pair_sentences(pairs), benchmark)
         start = time.perf_counter()
         vectors = encoder(sentences)
         seconds = time.perf_counter() - start
+        record = T.TeacherVectors(sentences, vectors.astype(np.float16), {})
+        dev_scores = domain_dev_scores(record, pairs, student, settings) if pairs else None
     peak = max(
         resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
@@ -180,8 +231,17 @@ def run(
         "truncated": encoder.last_truncated,
         "encode_seconds": round(seconds, 1),
         "peak_rss_mb_per_process": round(peak / 1024),
+        "benchmark_sentences": benchmark,
     }
-    record = T.TeacherVectors(sentences, vectors.astype(np.float16), meta)
+    if dev_scores is not None:
+        meta["domain_dev"] = dev_scores
+        log.info(
+            "teacher: domain dev (%d pairs) teacher %.2f%s",
+            dev_scores["pairs"],
+            dev_scores["teacher"],
+            f", student {dev_scores['student']:.2f}" if "student" in dev_scores else "",
+        )
+    record.meta = meta
     _write(record, output)
     log.info(
         "teacher: %s, %d sentences x %d in %.0f s (%s), %.1f MB fp16",
@@ -212,12 +272,35 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--raw", type=Path, default=RAW)
     parser.add_argument("--processed", type=Path, default=DATA / "processed")
     parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--domain-dev",
+        type=Path,
+        help="scored pairs (s1<TAB>s2<TAB>score): encode them, record the teacher's score",
+    )
+    parser.add_argument("--student", help="with --domain-dev: also score this model (folder) on those pairs")
+    parser.add_argument(
+        "--no-benchmark",
+        action="store_true",
+        help="leave out the STS sentences (a retrain reads only its text)",
+    )
     args = parser.parse_args(argv)
+    if args.student and not args.domain_dev:
+        fail("teacher: --student is scored on --domain-dev pairs; give them too")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
     params = load_params(Path(args.params) if args.params else None)
     try:
-        run(params, args.output, args.model, args.texts, args.raw, args.processed)
+        run(
+            params,
+            args.output,
+            args.model,
+            args.texts,
+            args.raw,
+            args.processed,
+            args.domain_dev,
+            args.student,
+            not args.no_benchmark,
+        )
     except T.TeacherError as exc:
         fail(str(exc))
     return 0

@@ -38,22 +38,19 @@ from typing import Any
 
 from sentcl.distill import neighbour_pairs
 from sentcl.encoder import resolve_model_path
+from sentcl.texts import text_pairs
 from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
+from sentcl.training_data import INIT_NAMES, count_truncated, limit_texts, resolve_init, stsb_dev
 from stages.common import DATA, RAW, load_params, missing_model, offline_hub
 from stages.training import (
-    INIT_NAMES,
-    count_truncated,
     fail,
-    limit_texts,
     load_nli,
     load_pairs,
     records_dirs,
-    resolve_init,
     run_stage,
     setup_logging,
     stage_config,
     stage_parser,
-    stsb_dev,
     transfer_texts,
 )
 
@@ -158,6 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     if teacher is not None and config.distill.examples == "neighbours":
         examples = neighbour_pairs(texts, teacher)
         log.info("distill: %d (sentence, nearest teacher neighbour) pairs", len(examples))
+    elif teacher is not None and config.distill.examples == "pairs":
+        try:
+            examples = text_pairs(choice, pairs, load_nli(Path(args.processed)), texts)
+        except ValueError as exc:
+            fail(f"train.distill.examples pairs: {exc}")
+        log.info("distill: %d unlabeled pairs of the %s text (scores never read)", len(examples), choice)
     run_stage(
         stage,
         config,

@@ -50,6 +50,10 @@ BAD = {
     "registry margin": (lambda p: p["registry"].update(min_delta=-0.1), "registry.min_delta"),
     "flows timeout": (lambda p: p["flows"].update(retries="two"), "flows.retries"),
     "retrain method": (lambda p: p["retrain"].update(method="gpl"), "retrain.method"),
+    "distill without a teacher": (
+        lambda p: p["retrain"].update(method="distill") or p["teacher"].update(model="none"),
+        "teacher.model is none",
+    ),
     "model length": (lambda p: p["model"].update(max_length="long"), "model.max_length"),
     "transfer texts": (lambda p: p["transfer"].update(texts="/no/such/texts"), "transfer.texts"),
 }

@@ -18,6 +18,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sentcl import fetching, validation
 from sentcl.senteval import EXPECTED_NLI, EXPECTED_PAIRS
 from stages import fetch as fetch_stage
 from stages import validate as validate_stage
@@ -40,7 +41,7 @@ SENTEVAL_COUNTS = {
 }
 
 
-def config(**overrides) -> fetch_stage.FetchConfig:
+def config(**overrides) -> fetching.FetchConfig:
     values = dict(
         mirror=None,
         upstream="http://127.0.0.1:9/senteval.tar",  # port 9 (discard) is closed: an offline upstream
@@ -49,7 +50,7 @@ def config(**overrides) -> fetch_stage.FetchConfig:
         full_nli=False,
         connect_timeout_s=2,
     )
-    return fetch_stage.FetchConfig(**(values | overrides))
+    return fetching.FetchConfig(**(values | overrides))
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +82,7 @@ def previous(tmp_path) -> Path:
 
 def test_fetch_copies_the_mirror_with_a_manifest_of_checksums(raw):
     manifest = json.loads((raw / "MANIFEST.json").read_text())
-    origin = json.loads(fetch_stage.source_record(raw).read_text())
+    origin = json.loads(fetching.source_record(raw).read_text())
     assert origin["source"] in ("../shared/senteval", f"local folder {MIRROR.name}")
     gold = "STS/STS12-en-test/STS.gs.MSRpar.txt"
     assert (raw / gold).read_bytes() == (MIRROR / gold).read_bytes()
@@ -103,7 +104,7 @@ def test_manifest_names_no_absolute_path_so_data_raw_hashes_alike_everywhere(tmp
         fetch_stage.fetch(config(mirror=str(mirror)), out)
         manifests.append((out / "MANIFEST.json").read_bytes())
     assert manifests[0] == manifests[1]
-    origin = json.loads(fetch_stage.source_record(tmp_path / "a" / "raw").read_text())
+    origin = json.loads(fetching.source_record(tmp_path / "a" / "raw").read_text())
     assert origin["source"] == "local folder senteval"
     assert str(tmp_path) not in manifests[0].decode()
 
@@ -127,18 +128,19 @@ def test_switching_mirrors_leaves_data_raw_byte_identical(tmp_path, http_root, m
 
     assert tree(folder_out) == tree(url_out)
     assert "source" not in json.loads((folder_out / "MANIFEST.json").read_text())
-    sources = [
-        json.loads(fetch_stage.source_record(out).read_text())["source"] for out in (folder_out, url_out)
-    ]
+    sources = [json.loads(fetching.source_record(out).read_text())["source"] for out in (folder_out, url_out)]
     assert sources == [f"local folder {MIRROR.name}", f"{base}/senteval.tar"]
 
 
 def test_environment_variable_wins_over_params(monkeypatch, tmp_path):
     monkeypatch.setenv("SENTEVAL_MIRROR", str(MIRROR))
-    setting, source = fetch_stage.choose_source(config(mirror=str(tmp_path)))
+    setting, source = fetching.choose_source(config(mirror=str(tmp_path)), tmp_path / "no-team-mirror")
     assert (setting, source) == ("SENTEVAL_MIRROR", str(MIRROR))
     monkeypatch.delenv("SENTEVAL_MIRROR")
-    assert fetch_stage.choose_source(config(mirror=str(tmp_path))) == ("data.mirror", str(tmp_path))
+    assert fetching.choose_source(config(mirror=str(tmp_path)), tmp_path / "no-team-mirror") == (
+        "data.mirror",
+        str(tmp_path),
+    )
 
 
 @pytest.fixture
@@ -207,7 +209,7 @@ def test_offline_without_a_mirror_fails_at_once_with_one_sentence(tmp_path):
 
 
 def test_full_nli_without_network_fails_instead_of_falling_back(tmp_path):
-    with pytest.raises(fetch_stage.FetchError, match="snli_1.0.zip"):
+    with pytest.raises(fetching.FetchError, match="snli_1.0.zip"):
         fetch_stage.fetch(config(mirror=str(MIRROR), full_nli=True), tmp_path / "raw")
     assert not (tmp_path / "raw").exists()
 
@@ -218,7 +220,7 @@ def test_empty_mirror_folder_is_refused_and_keeps_the_previous_data(tmp_path):
     (out / "keep.txt").write_text("earlier")
     empty = tmp_path / "empty"
     empty.mkdir()
-    with pytest.raises(fetch_stage.FetchError, match="lacks 60 required files"):
+    with pytest.raises(fetching.FetchError, match="lacks 60 required files"):
         fetch_stage.fetch(config(mirror=str(empty)), out)
     assert (out / "keep.txt").read_text() == "earlier"
 
@@ -232,7 +234,7 @@ def test_validate_real_mirror_gives_senteval_counts(raw, tmp_path):
     # The report is tracked in git: no wall time, and no absolute path for data inside the repository.
     assert "seconds" not in report
     assert validate_stage.repo_relative(validate_stage.RAW) == "data/raw"
-    assert validate_stage.summary(report) == {"pairs": sum(report["pairs"].values()) + 19666, "violations": 0}
+    assert validation.summary(report) == {"pairs": sum(report["pairs"].values()) + 19666, "violations": 0}
     assert {k: report["pairs"].get(k, report["nli_pairs"].get(k)) for k in SENTEVAL_COUNTS} == SENTEVAL_COUNTS
     assert report["nli_pairs"] == {"SNLI dev": 9842, "SNLI test": 9824}
     pairs = pd.read_parquet(tmp_path / "processed/pairs.parquet")
@@ -330,6 +332,7 @@ def test_validate_command_prints_violations_and_exits_nonzero(tmp_path):
     project = tmp_path / "project"
     shutil.copytree(ROOT / "stages", project / "stages")
     shutil.copytree(ROOT / "sentcl", project / "sentcl")
+    shutil.copytree(ROOT / "sentcl_gx", project / "sentcl_gx")
     (project / "params.yaml").write_text((ROOT / "params.yaml").read_text())
     fetch_stage.fetch(config(mirror=str(MIRROR)), project / "data/raw")
     _mutate(project / "data/raw/STS/STS12-en-test/STS.gs.MSRvid.txt", 3, b"7.5")
@@ -365,12 +368,12 @@ def test_tar_members_outside_the_target_or_links_are_refused(tmp_path):
         member = tarfile.TarInfo("../escape.txt")
         member.size = len(data)
         tf.addfile(member, io.BytesIO(data))
-    with tarfile.open(archive) as tf, pytest.raises(fetch_stage.FetchError, match="escape.txt"):
-        fetch_stage.refuse_unsafe_members(tf, archive, tmp_path / "out")
+    with tarfile.open(archive) as tf, pytest.raises(fetching.FetchError, match="escape.txt"):
+        fetching.refuse_unsafe_members(tf, archive, tmp_path / "out")
     link = tmp_path / "link.tar"
     with tarfile.open(link, "w") as tf:
         member = tarfile.TarInfo("data/passwd")
         member.type, member.linkname = tarfile.SYMTYPE, "/etc/passwd"
         tf.addfile(member)
-    with tarfile.open(link) as tf, pytest.raises(fetch_stage.FetchError, match="a link"):
-        fetch_stage.refuse_unsafe_members(tf, link, tmp_path / "out")
+    with tarfile.open(link) as tf, pytest.raises(fetching.FetchError, match="a link"):
+        fetching.refuse_unsafe_members(tf, link, tmp_path / "out")

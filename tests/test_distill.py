@@ -188,6 +188,32 @@ def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
     torch.testing.assert_close(objective.loss(reps), torch.stack(gaps).mean(), rtol=1e-4, atol=1e-6)
 
 
+def test_pair_mse_regresses_each_pairs_cosine_on_the_teachers(setup):
+    from sentcl.encoder import Encoder
+    from sentcl.objectives import Embedder, build_objective
+
+    student, teacher, sentences = setup
+    config = train_config(objective="distill", distill={"examples": "pairs", "loss": "pair_mse"}, bf16=False)
+    encoder = Encoder.from_pretrained(str(student))
+    objective = build_objective(config, encoder.dim, encoder, teacher)
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    items = [(sentences[i], sentences[i + 30]) for i in range(5)]
+    reps = objective.representations(embed, items)
+    # CosineSimilarityLoss: (cos(u, v) - label)^2 averaged over the pairs, the label the teacher's cosine
+    expected = []
+    for a, b in items:
+        u, v = (torch.tensor(encoder.encode([x]))[0] for x in (a, b))
+        ta, tb = (torch.tensor(teacher.lookup([x]))[0] for x in (a, b))
+        expected.append((F.cosine_similarity(u, v, dim=0) - F.cosine_similarity(ta, tb, dim=0)) ** 2)
+    torch.testing.assert_close(objective.loss(reps), torch.stack(expected).mean(), rtol=1e-4, atol=1e-6)
+
+
+def test_pair_mse_needs_pairs(capsys):
+    with pytest.raises(SystemExit) as exc:
+        train_config(objective="distill", distill={"loss": "pair_mse", "examples": "sentences"})
+    assert exc.value.code == 2 and "pair_mse needs distill.examples" in capsys.readouterr().err
+
+
 def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exactly(setup, tmp_path):
     from sentcl.distill import cosine_matrix, similarity_mse
     from sentcl.encoder import Encoder
@@ -322,3 +348,35 @@ def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err, err
     assert load_teacher(tmp_path / "some", ["a dog"]).dim == 4
+
+
+@pytest.mark.parametrize(
+    ("spec", "pooling"),
+    [
+        ({"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": False}, "last-avg"),  # all-mpnet's zip
+        ({"pooling_mode_cls_token": True}, "cls"),
+        (
+            {"pooling_mode": "mean", "include_prompt": True},
+            "last-avg",
+        ),  # sentence-transformers 5, sentcl's own
+        ({"pooling_mode": "cls"}, "cls"),
+    ],
+)
+def test_folder_pooling_reads_both_sentence_transformers_layouts(tmp_path, spec, pooling):
+    from sentcl import teacher as T
+
+    (tmp_path / "1_Pooling").mkdir()
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(spec))
+    modules = [{"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    (tmp_path / "modules.json").write_text(json.dumps(modules))
+    assert T.folder_pooling(tmp_path) == pooling
+    (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode": "max"}))
+    with pytest.raises(T.TeacherError, match="only mean or CLS"):
+        T.folder_pooling(tmp_path)
+
+
+def test_a_tiny_student_folder_is_read_with_mean_pooling(tmp_path):
+    """What sentcl saves (a student, a champion) can be a teacher, and is scored as a student, with its pooling."""
+    from sentcl import teacher as T
+
+    assert T.folder_pooling(make_tiny_encoder(tmp_path)) == "last-avg"

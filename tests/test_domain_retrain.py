@@ -14,7 +14,8 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer, selectable
-from stages.training import count_truncated, read_texts
+from sentcl.training_data import count_truncated
+from stages.training import read_texts
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
 TEXTS = tiny_sentences(64, seed=1)
@@ -498,3 +499,87 @@ def test_bench_domain_reads_dev_and_test_with_the_transfer_stage_reader(stage_ar
         capsys.readouterr().err.strip()
         == f"--test {tmp_path / 'bad.tsv'}:2: expected sentence1<TAB>sentence2<TAB>score"
     )
+
+
+# --- make bench-domain with a teacher (distill) -------------------------------------------------------------
+
+
+def _bench_with_teacher(stage_args, teacher, dev_pairs, methods, capsys):
+    """bench-domain on tiny text with ``teacher`` as teacher.model (torch: no ONNX export of a tiny model)."""
+    from benchmarks.bench_domain import main
+
+    args, tmp_path, params = stage_args
+    params["teacher"].update(model=str(teacher), backend="torch")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    text = tmp_path / "text.txt"
+    text.write_text("\n".join(tiny_sentences(40, seed=7)))
+    test_pairs = [(TEXTS[i], TEXTS[i + 5], float(i % 3)) for i in range(0, 30)]
+    dev, test = write_pairs(tmp_path / "dev.tsv", dev_pairs), write_pairs(tmp_path / "test.tsv", test_pairs)
+    main(
+        ["--params", str(tmp_path / "params.yaml"), "--processed", args[args.index("--processed") + 1]]
+        + [
+            "--text",
+            str(text),
+            "--dev",
+            str(dev),
+            "--test",
+            str(test),
+            "--from",
+            args[args.index("--init") + 1],
+        ]
+        + ["--method", *methods, "--steps", "2", "--backend", "torch"]
+        + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
+    )
+    return json.loads((tmp_path / "bench.json").read_text()), capsys.readouterr().out
+
+
+def test_bench_domain_skips_distilling_from_a_teacher_no_better_than_the_student(stage_args, capsys):
+    """The teacher is the starting model itself: both numbers printed and stored, the method untrained."""
+    from sentcl.sts import STSEvaluator
+
+    args, tmp_path, _ = stage_args
+    student = args[args.index("--init") + 1]
+    result, out = _bench_with_teacher(stage_args, student, DOMAIN_DEV, ["distill"], capsys)
+    teacher = result["teacher"]
+    encoder = Encoder.from_pretrained(student)
+    expected = STSEvaluator(DOMAIN_DEV)(lambda s: encoder.encode(s, pooling="last-avg"))
+    assert teacher["student"] == pytest.approx(expected, abs=0.05)
+    assert teacher["teacher"] == pytest.approx(expected, abs=0.2)  # (its fp16 vectors)
+    assert result["methods"] == {} and list(result["skipped"]) == ["distill"]
+    assert "nothing to distil" in result["skipped"]["distill"]
+    assert f"teacher {teacher['teacher']:.2f}, starting model {teacher['student']:.2f}" in out
+    assert "distill: skipped: teacher" in out and not (tmp_path / "work" / "distill-0").exists()
+
+
+def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
+    """Dev gold = the teacher's own cosine: it leads by far, so distill trains, from the stage's vectors."""
+    from sentcl.fast_encode import FastEncoder
+    from sentcl.sts import cosine
+    from tests.test_distill import make_tiny_teacher
+
+    _, tmp_path, _ = stage_args
+    teacher = make_tiny_teacher(tmp_path)
+    encode = FastEncoder(teacher, backend="torch")
+    gold = cosine(encode([a for a, _, _ in DOMAIN_DEV]), encode([b for _, b, _ in DOMAIN_DEV]))
+    dev = [(a, b, round(float(g), 4)) for (a, b, _), g in zip(DOMAIN_DEV, gold, strict=True)]
+    result, out = _bench_with_teacher(stage_args, teacher, dev, ["distill"], capsys)
+    assert result["teacher"]["teacher"] > 99.0 and result["teacher"]["nothing_to_distil"] is None
+    assert result["skipped"] == {}
+    (run,) = result["methods"]["distill"]["runs"]
+    assert run["objective"] == "distill" and run["steps"] == 2 and run["selected_on"] == "domain_dev"
+    assert "| held-out test Spearman |" in out
+
+
+def test_bench_domain_distill_without_a_teacher_is_one_line_exit_2(stage_args, capsys):
+    from benchmarks.bench_domain import main
+
+    args, tmp_path, _ = stage_args
+    with pytest.raises(SystemExit) as exit_info:
+        main(
+            ["--params", args[args.index("--params") + 1], "--processed", args[args.index("--processed") + 1]]
+            + ["--method", "tsdae", "distill+contrastive", "--work", str(tmp_path / "work")]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "retrain.method distill+contrastive" in err
+    assert "teacher.model is none" in err and not (tmp_path / "work").exists()

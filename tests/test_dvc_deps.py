@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("sentcl", "sentcl_mlflow", "stages", "flows")
+PACKAGES = ("sentcl", "sentcl_mlflow", "sentcl_gx", "stages", "flows")
 
 
 def module_file(name: str) -> Path | None:

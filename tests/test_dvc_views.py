@@ -26,8 +26,8 @@ def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    from stages.evaluate import write_summaries
-    from stages.validate import summary
+    from sentcl.model_evaluation import write_summaries
+    from sentcl.validation import summary
 
     repo = tmp_path_factory.mktemp("views")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from sentcl.embedding_io import fast_settings
 from stages import embed
 from tests.tiny import make_tiny_encoder
 
@@ -182,7 +183,7 @@ def test_a_normalize_module_is_applied(tmp_path, tiny):
     model = SentenceTransformer(str(folder), device="cpu")
     model.append(Normalize())
     model.save(str(folder))
-    assert embed.fast_settings(folder) == ("last-avg", True)
+    assert fast_settings(folder) == ("last-avg", True)
     output = tmp_path / "v.npy"
     assert (
         embed.main(

@@ -329,7 +329,7 @@ def test_standalone_command_refuses_a_folder_not_in_senteval_layout(tiny_model, 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "STS").is_dir(), reason="needs the SentEval mirror beside the checkout")
 def test_bundled_minilm_reproduces_its_published_mteb_scores():
-    from stages.evaluate import evaluate_model
+    from sentcl.model_evaluation import evaluate_model
 
     result = evaluate_model("all-MiniLM-L6-v2", load_benchmark(SHARED), progress=False)
     published = {
@@ -349,7 +349,7 @@ def test_weights_digest_ignores_the_tokenizers_saved_call_state_but_not_its_voca
     no encoder here reads that state, so a stage that returns its init must still count as the same weights."""
     import shutil
 
-    from stages.evaluate import weights_digest
+    from sentcl.model_evaluation import weights_digest
 
     same, other = tmp_path / "same", tmp_path / "other"
     shutil.copytree(tiny_model, same)

@@ -6,6 +6,7 @@ a scratch MLflow store under the server-wide concurrency limit; the watcher emit
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -556,3 +557,142 @@ def test_every_entry_point_runs_with_telemetry_off_and_one_prefect_home(tmp_path
         ).stdout
     )
     assert seen["PREFECT_API_URL"] == "http://127.0.0.1:4321/api"
+
+
+# ---------------------------------------------------------------- retraining with a teacher (distill)
+
+
+def _distill_params(options: dict, teacher: Path, **train) -> None:
+    """The tiny inbox's params file with retrain.method distill and ``teacher`` as teacher.model (torch: no
+    ONNX export of a throw-away model); ``train`` overrides train.* (min_delta 1000 keeps any run from
+    registering)."""
+    import yaml
+
+    path = Path(options["params"])
+    params = yaml.safe_load(path.read_text())
+    params["retrain"]["method"] = "distill"
+    params["teacher"].update(model=str(teacher), backend="torch")
+    params["train"].update(train)
+    path.write_text(yaml.safe_dump(params))
+
+
+def _dev_pairs(path: Path, scores) -> Path:
+    from tests.tiny import tiny_sentences
+
+    sentences = tiny_sentences(40, seed=11)
+    pairs = [(sentences[i], sentences[i + 1]) for i in range(0, 40, 2)]
+    path.write_text("".join(f"{a}\t{b}\t{s}\n" for (a, b), s in zip(pairs, scores(pairs), strict=True)))
+    return path
+
+
+def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeypatch, capsys):
+    import yaml
+
+    from flows import retrain as module
+    from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher
+
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert RETRAIN_METHODS["distill+contrastive"] == ("distill", "contrastive")
+    assert retrain_teacher(params | {"teacher": {"model": "x"}}, "tsdae") is None  # no teacher needed
+    assert (
+        retrain_teacher(params | {"teacher": {"model": "all-mpnet-base-v2"}}, "distill")
+        == "all-mpnet-base-v2"
+    )
+    with pytest.raises(
+        RetrainConfigError, match="retrain.method distill\\+contrastive .* teacher.model is none"
+    ):
+        retrain_teacher(params | {"teacher": {**params["teacher"], "model": "none"}}, "distill+contrastive")
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    bad = {**params, "retrain": {"method": "distill"}, "teacher": {**params["teacher"], "model": "none"}}
+    monkeypatch.setattr(module, "load_params", lambda path=None: bad)
+    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "retrain.method distill" in err and "teacher.model is none" in err
+
+
+@pytest.mark.slow  # ~30 s on 2 busy cores: the teacher stage as a subprocess, no training
+def test_a_teacher_no_better_than_the_student_trains_nothing_and_registers_nothing(
+    prefect_server, tiny_inbox, tmp_path, caplog
+):
+    """The teacher is the student itself: the same score on the domain dev pairs, not better by
+    registry.min_delta: one line, no transfer run, nothing registered, the inbox archived as on "no gain"."""
+    import yaml
+    from mlflow import MlflowClient
+
+    from flows.retrain import retrain
+    from sentcl.encoder import Encoder
+    from sentcl.sts import STSEvaluator
+    from tests.tiny import tiny_sentences
+
+    box, options = tiny_inbox
+    student = Path(yaml.safe_load(Path(options["params"]).read_text())["model"]["name"])
+    _distill_params(options, student)
+    dev = _dev_pairs(tmp_path / "dev.tsv", lambda pairs: [i % 5 for i in range(len(pairs))])
+    (box / "new.txt").write_text("\n".join(tiny_sentences(20, seed=5)) + "\n")
+    caplog.clear()
+    result = retrain(str(box), domain_dev=str(dev), trigger="schedule", **options)
+
+    assert result["status"] == "teacher not better" and result["registered_version"] is None
+    assert result["runs"] == [] and MlflowClient().search_registered_models() == []
+    teacher = result["teacher"]
+    # Both are the student: its Spearman on the pairs, with sentcl's own encoder (mean pooling, fp32).
+    from sentcl.domain import read_scored_pairs
+
+    encoder = Encoder.from_pretrained(str(student))
+    expected = STSEvaluator(read_scored_pairs(dev))(lambda s: encoder.encode(s, pooling="last-avg"))
+    assert teacher["student"] == pytest.approx(expected, abs=0.05)
+    assert teacher["teacher"] == pytest.approx(expected, abs=0.2)  # (fp16 vectors)
+    lines = [r.getMessage() for r in caplog.records if "nothing to distil" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert lines[0].startswith(f"retrain: teacher {student} scores ")
+    assert "not better by more than registry.min_delta 0.10" in lines[0]
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    assert result["archived"] == [str((box / "processed" / day / "new.txt").resolve())]
+
+
+@pytest.mark.slow  # ~90 s on 2 busy cores: teacher, transfer, evaluate and export subprocesses
+def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
+    prefect_server, tiny_inbox, tmp_path, caplog
+):
+    """The domain dev gold is the teacher's own cosine, so the teacher leads the student by far: the flow
+    distils on the domain text (its vectors from the work folder), selects on the domain dev pairs and the
+    gate decides on the candidate it registered."""
+    import yaml
+
+    from flows.retrain import retrain
+    from sentcl.fast_encode import FastEncoder
+    from sentcl.sts import cosine
+    from tests.test_distill import make_tiny_teacher
+    from tests.test_evaluation import write_mini_senteval
+    from tests.tiny import tiny_sentences
+
+    _, options = tiny_inbox
+    teacher = make_tiny_teacher(tmp_path)
+    _distill_params(options, teacher, min_delta=0.0)
+    params = yaml.safe_load(Path(options["params"]).read_text())
+    params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
+    params["transfer"].update(steps=4)
+    Path(options["params"]).write_text(yaml.safe_dump(params))
+    encode = FastEncoder(teacher, backend="torch")
+
+    def teacher_cosines(pairs):
+        return [
+            round(float(c), 4) for c in cosine(encode([a for a, _ in pairs]), encode([b for _, b in pairs]))
+        ]
+
+    dev = _dev_pairs(tmp_path / "dev.tsv", teacher_cosines)
+    write_mini_senteval(tmp_path / "raw")
+    text = tmp_path / "mine.txt"
+    text.write_text("\n".join(tiny_sentences(40, seed=9)) + "\n")
+    result = retrain(str(text), domain_dev=str(dev), raw=str(tmp_path / "raw"), keep=True, **options)
+
+    assert result["teacher"]["teacher"] > 99.0  # its own cosines, through fp16 vectors
+    assert result["teacher"]["teacher"] - result["teacher"]["student"] > 0.1
+    assert not result["teacher"]["nothing_to_distil"]
+    (run,) = result["runs"]
+    assert run["objective"] == "distill" and run["selected_on"] == "domain_dev"
+    work = Path(result["work_dir"])
+    assert json.loads((work / "teacher" / "teacher.json").read_text())["benchmark_sentences"] is False
+    assert result["status"] == "gated", result
+    assert result["registered_version"] is not None
+    assert result["gate"]["decision"] in ("promoted", "rejected") and result["gate"]["reasons"]

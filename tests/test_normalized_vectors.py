@@ -64,7 +64,7 @@ def test_a_checkpoint_saved_from_a_normalizing_folder_and_its_onnx_graph_normali
 
     import onnxruntime as ort
 
-    from stages.export import export_onnx
+    from sentcl.release import export_onnx
 
     report = export_onnx(tmp_path / "trained", 32)
     assert report["normalized"] is True and report["max_abs_diff_vs_pytorch"] <= 1e-4

@@ -231,6 +231,7 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     tiny, tmp_path, monkeypatch
 ):
     import stages.evaluate as stage
+    from sentcl.model_evaluation import evaluate_model
 
     folder, _, _ = tiny
     data = tmp_path / "senteval"
@@ -247,8 +248,8 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     results = stage.run_pipeline(params, data, None, None)
     assert results["transfer-base"]["pooling"] == "prompt" and results["base"]["pooling"] == "last-avg"
     benchmark = stage.load_benchmark(data)
-    by_prompt = stage.evaluate_model(models / "transfer-base", benchmark, "prompt", "torch", prompt=own)
-    by_mean = stage.evaluate_model(models / "transfer-base", benchmark, "last-avg", "torch")
+    by_prompt = evaluate_model(models / "transfer-base", benchmark, "prompt", "torch", prompt=own)
+    by_mean = evaluate_model(models / "transfer-base", benchmark, "last-avg", "torch")
     assert results["transfer-base"]["all"] == by_prompt["all"] != by_mean["all"]
 
     # Standalone: the folder's own pooling, a --pooling flag for all, --no-denoise on the folder's prompt.
@@ -283,9 +284,9 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
 def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tiny, tmp_path):
     import onnxruntime as ort
 
+    from sentcl.embedding_io import embed
     from sentcl.fast_encode import model_max_length
-    from stages.embed import embed
-    from stages.export import export_onnx
+    from sentcl.release import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
     folder, _, _ = tiny

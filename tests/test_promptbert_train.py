@@ -185,9 +185,10 @@ def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_m
     """Two steps of `stages.transfer --preset promptbert`: STS-B dev during training and the saved folder both use
     the prompt pooling, and `stages.evaluate` scores the folder with it (not last-avg)."""
     import stages.evaluate as evaluate
+    from sentcl.training_data import stsb_dev
     from stages import transfer
     from stages.common import load_params
-    from stages.training import load_pairs, stsb_dev
+    from stages.training import load_pairs
     from tests.test_evaluation import write_mini_senteval
 
     monkeypatch.setenv("SENTCL_MLFLOW", "0")

@@ -123,7 +123,7 @@ def test_real_data_has_no_token_identical_overlap(capsys):
     reads as an STS-B dev or SICK-R trial sentence, no inductive one as a dev or test sentence. By string only,
     292 of the 2,909 unique STS-B dev sentences had a token-identical twin in the heldout text (counted when this
     was found), and 698 of SICK-R trial's 924 are SICK-R test sentences."""
-    from stages.validate import load_tables
+    from sentcl.validation import load_tables
 
     start = time.perf_counter()
     pairs, nli, _ = load_tables(SHARED, [])
@@ -162,3 +162,31 @@ def test_real_data_has_no_token_identical_overlap(capsys):
             f"{len(train - evaluated)} by string, {len(inductive)} by token ids; "
             f"{time.perf_counter() - start:.1f} s"
         )
+
+
+def test_text_pairs_keep_only_pairs_whose_two_sides_are_training_sentences():
+    from sentcl.texts import text_pairs
+
+    pairs = pd.DataFrame(
+        {
+            "task": ["STS12", "STS12", "SICK-R", "STSb", "STSb", "SICK-R"],
+            "split": ["test", "test", "test", "dev", "train", "train"],
+            "sentence1": ["a cat", "a dog", "a man runs", "dev one", "train a", "sick a"],
+            "sentence2": ["the cat", "dev two", "a man runs", "dev two", "train b", "sick b"],
+            "score": [5.0, 1.0, 2.0, 3.0, 4.0, 0.0],
+        }
+    )
+    nli = pd.DataFrame({"premise": ["p1", "p2"], "hypothesis": ["h1", "p2"]})
+    texts = ["a cat", "the cat", "a dog", "a man runs", "train a", "train b", "sick a", "sick b", "p1", "h1"]
+    # "a dog" / "dev two": its second side is not a training sentence; a pair of a sentence with itself says
+    # nothing; a dev pair is never a heldout pair
+    assert text_pairs("heldout", pairs, nli, texts) == [("a cat", "the cat")]
+    assert text_pairs("inductive", pairs, nli, texts) == [
+        ("p1", "h1"),
+        ("sick a", "sick b"),
+        ("train a", "train b"),
+    ]
+    with pytest.raises(ValueError, match="comes without pairs"):
+        text_pairs("my-domain.txt", pairs, nli, texts)
+    with pytest.raises(ValueError, match="no pair of the heldout text"):
+        text_pairs("heldout", pairs, nli, ["a cat"])

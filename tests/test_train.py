@@ -12,7 +12,8 @@ import yaml
 
 from sentcl.encoder import Encoder
 from sentcl.train import Trainer
-from stages.training import nli_triplets, stage_config
+from sentcl.training_data import nli_triplets
+from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
@@ -322,7 +323,7 @@ def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
 
 
 def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
-    from stages.analyze import sweep_params
+    from sentcl.analysis_runs import sweep_params
     from stages.common import load_params
 
     params = load_params()
@@ -338,7 +339,7 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
 
 
 def test_aug_grid_single_cells_are_each_view_with_itself_and_with_none():
-    from stages.analyze import GRID_VIEWS, grid_pairs
+    from sentcl.analysis_runs import GRID_VIEWS, grid_pairs
 
     assert len(grid_pairs(GRID_VIEWS, "all")) == 25
     single = grid_pairs(GRID_VIEWS, "single")

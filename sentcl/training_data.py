@@ -1,0 +1,128 @@
+"""What the training stages train and select on, taken from the validate stage's tables (pairs, nli).
+
+``transfer_texts`` is the transfer stage's target text (README "Target text"); the token-identity rules that
+keep it apart from the selection and test sentences are ``sentcl.texts``.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import torch
+
+from sentcl.domain import read_domain_text
+from sentcl.losses import NLI_LABEL_IDS
+from sentcl.senteval import consert_corpus
+from sentcl.texts import heldout_texts, inductive_texts
+
+# Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
+STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
+# The pipeline's own checkpoints, by the name a stage's --init takes.
+INIT_NAMES = ("base", "nli", "joint")
+# transfer.texts: which unlabeled text the transfer stage trains on (README "Target text").
+TEXT_CHOICES = ("heldout", "consert", "inductive")
+
+
+class TextChoiceError(ValueError):
+    """A ``transfer.texts`` that is neither a built-in choice nor a file or folder."""
+
+
+def stsb_dev(pairs: pd.DataFrame) -> list[tuple[str, str, float]]:
+    dev = pairs[(pairs.task == "STSb") & (pairs.split == "dev")]
+    return list(zip(dev.sentence1, dev.sentence2, dev.score.astype(float), strict=True))
+
+
+def sts_test_sentences(pairs: pd.DataFrame) -> list[str]:
+    """The unique sentences of STS12-16 and the STS-B and SICK-R test splits, sorted (a stable order)."""
+    test = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
+    return sorted(set(test.sentence1) | set(test.sentence2))
+
+
+def _sentences(frame: pd.DataFrame) -> set[str]:
+    return set(frame.sentence1) | set(frame.sentence2)
+
+
+def transfer_texts(
+    choice: str,
+    pairs: pd.DataFrame,
+    nli: pd.DataFrame,
+    raw: Path,
+    tokenizer: Any,
+    max_length: int,
+    log: logging.Logger,
+) -> list[str]:
+    """``heldout``: the seven test sets' unique sentences without any sentence token-identical to a sentence of a
+    dev split (STS-B dev, which selects checkpoints; SICK-R trial, which the promotion gate reads), so selection
+    is independent of training. ``consert``: ConSERT's corpus (all
+    STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and the NLI sentences, without any
+    sentence token-identical to a sentence of a dev or test split. "Token-identical": the same ids under the
+    model's ``tokenizer`` cut at ``max_length`` (``sentcl.texts``). Anything else is a ``.txt`` file or a folder
+    of them (``sentcl.domain.read_domain_text``, whose skipped files are warnings on ``log``).
+
+    An unknown choice raises ``TextChoiceError``; a file or folder without usable text, ``DomainTextError``."""
+    if choice == "heldout":
+        dev = _sentences(pairs[pairs.split == "dev"])
+        selection = heldout_texts(sts_test_sentences(pairs), dev, tokenizer, max_length)
+    elif choice == "inductive":
+        evaluated = _sentences(pairs[pairs.split != "train"])
+        train = _sentences(pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")])
+        train |= set(nli.premise) | set(nli.hypothesis)
+        selection = inductive_texts(train, evaluated, tokenizer, max_length)
+    elif choice == "consert":
+        return consert_corpus(raw)
+    elif not Path(choice).exists():
+        raise TextChoiceError(
+            f"transfer.texts: {choice!r} is neither one of {', '.join(TEXT_CHOICES)} nor a file or folder"
+        )
+    else:
+        return read_domain_text(Path(choice), warn=log.warning).sentences
+    log.info(
+        "transfer.texts %s: %d of %d sentences kept, %d dropped as token-identical to an evaluated sentence",
+        choice,
+        len(selection.texts),
+        selection.candidates,
+        selection.dropped,
+    )
+    return selection.texts
+
+
+def count_truncated(texts: list[str], tokenizer: Any, max_length: int) -> int:
+    """How many sentences are longer than ``max_length`` tokens (special tokens included): the tokenizer cuts
+    them there, as every anchor does (SentenceTransformer's ``max_seq_length``, ConSERT's ``max_seq_length``)."""
+    lengths = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
+    return sum(len(ids) > max_length for ids in lengths)
+
+
+def limit_texts(texts: list[str], max_texts: int | str | None, seed: int) -> list[str]:
+    """Few-shot: a seeded sample of ``max_texts`` sentences (``all`` or None keeps every one)."""
+    if max_texts in (None, "all") or int(max_texts) >= len(texts):
+        return texts
+    order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [texts[i] for i in sorted(order[: int(max_texts)])]
+
+
+def nli_pairs(nli: pd.DataFrame) -> list[tuple[str, str, int]]:
+    return [
+        (p, h, NLI_LABEL_IDS[lab]) for p, h, lab in zip(nli.premise, nli.hypothesis, nli.label, strict=True)
+    ]
+
+
+def nli_triplets(nli: pd.DataFrame) -> list[tuple[str, str, str]]:
+    """(premise, entailment hypothesis, contradiction hypothesis) for supervised SimCSE, matched in file order."""
+    triplets = []
+    for premise, group in nli.groupby("premise", sort=True):
+        entailed = group[group.label == "entailment"].hypothesis.tolist()
+        contradicted = group[group.label == "contradiction"].hypothesis.tolist()
+        triplets.extend((premise, e, c) for e, c in zip(entailed, contradicted, strict=False))
+    return triplets
+
+
+def resolve_init(init: str, models_dir: Path) -> str:
+    """``base``/``nli``/``joint`` name the pipeline's own checkpoints in ``models_dir``; anything else is a
+    model folder or id."""
+    if init in INIT_NAMES:
+        return str(Path(models_dir) / init)
+    return init

@@ -1,0 +1,1 @@
+"""Great Expectations, kept out of ``sentcl``: the validate stage's expectations on the parsed tables."""

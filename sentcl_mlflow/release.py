@@ -1,0 +1,118 @@
+"""A release folder (``sentcl.release``) into the registry: the pyfunc model run, ``challenger``, the gate."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from sentcl.registry import TAG_DEV, TAG_DOMAIN, GateConfig
+
+INPUT_EXAMPLE = ["a sentence", "another one"]
+
+
+def log_and_register(
+    output: Path,
+    info: dict[str, Any],
+    params: dict[str, Any],
+    sts_row: dict[str, Any],
+    inputs: list[Path],
+    tags: dict[str, str],
+    gate: bool,
+    domain: dict[str, Any] | None = None,
+    actor: str | None = None,
+    *,
+    model_file: Path,
+) -> dict[str, Any]:
+    """Register the folder as ``challenger`` and run the gate, as one unit under the promotion lease.
+
+    The MLflow run `export` (the folder as a pyfunc model served by ``model_file``) is logged only when no
+    version of the model holds these weights yet (same sha256): the same weights are never registered twice,
+    whoever retries.
+    """
+    from sentcl.encoder import load_folder_encoder
+    from sentcl_mlflow import registry, runs
+
+    timings: dict[str, float] = {}
+
+    def log_model() -> tuple[str, str]:
+        started = time.time()
+        example_vectors = load_folder_encoder(output, device="cpu").encode(INPUT_EXAMPLE)  # its own pooling
+        metrics = runs.sts_metrics(sts_row)
+        metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
+        run_id, model_uri = runs.log_pyfunc_run(
+            "export",
+            params,
+            metrics,
+            model_file=model_file,
+            artifacts={"encoder": output},
+            input_example=INPUT_EXAMPLE,
+            example_output=example_vectors,
+            pip_requirements=pip_requirements(),
+            inputs=inputs,
+            tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+            # production runs go to the gate-only experiment (registry.run_experiment)
+            experiment=registry.run_experiment(info["model_name"], GateConfig.from_params(params)),
+        )
+        timings["seconds_log_model"] = round(time.time() - started, 2)
+        return model_uri, run_id
+
+    started = time.time()
+    outcome = registry.register_and_gate(
+        log_model,
+        info["stsb_dev"],
+        info["sts_all"],
+        name=info["model_name"],
+        tags={
+            "checkpoint": info["checkpoint"],
+            "beat_init": str(info["beat_init"]).lower(),
+            "trained_beat_init": str(info.get("trained_beat_init", False)).lower(),
+            "weights_sha256": json.dumps(info["weights_sha256"]),
+            TAG_DEV: json.dumps(info.get("dev_scores") or {}, sort_keys=True),
+            **(
+                {TAG_DOMAIN: f"{sts_row['domain_spearman']:.6f}"}
+                if sts_row.get("domain_spearman") is not None
+                else {}
+            ),
+            **{k: v for k, v in tags.items() if not k.startswith("mlflow.")},
+        },
+        weights_sha256=info["weights_fingerprint"],
+        gate=gate,
+        actor=actor,
+        params=params,
+        domain=domain,
+    )
+    result: dict[str, Any] = {
+        **outcome,
+        **timings,
+        "seconds_register_and_gate": round(time.time() - started - timings.get("seconds_log_model", 0), 2),
+    }
+    verb = "registered" if outcome["created"] else "found"
+    print(
+        f"export: {verb} {info['model_name']} version {outcome['version']} as challenger "
+        f"({info['checkpoint']}); register+gate {result['seconds_register_and_gate']}s"
+    )
+    return result
+
+
+def pip_requirements() -> list[str]:
+    """Pinned from this environment; MLflow's inference would load the model again just to find imports."""
+    from importlib.metadata import version
+
+    return [
+        f"{name}=={version(name)}"
+        for name in ("mlflow", "sentence-transformers", "transformers", "torch", "numpy", "pandas")
+    ]
+
+
+def registry_summary(result: dict[str, Any]) -> dict[str, Any]:
+    """The registry's part of a stage's summary: which version, whether new, what the gate decided."""
+    summary: dict[str, Any] = {
+        "registered_model": result["model"],
+        "registered_version": result["version"],
+        "new_version": result["created"],
+    }
+    if "gate" in result:
+        summary["gate"] = {k: result["gate"][k] for k in ("decision", "reasons", "champion_after")}
+    return summary
