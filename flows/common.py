@@ -189,10 +189,13 @@ TRANSIENT_MLFLOW_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_
 def transient_error(error: BaseException) -> bool:
     """A failure in the flow's own process worth retrying: the tracking server or artifact store did not
     answer, a lock or lease timed out. Decided by type (and MLflow's error code), never by message text."""
+    from sentcl_mlflow.errors import unreachable
     from sentcl_mlflow.registry import PromotionLockTimeout
     from sentcl_mlflow.store import TrackingUnavailableError
 
     if isinstance(error, TrackingUnavailableError | PromotionLockTimeout | ConnectionError | TimeoutError):
+        return True
+    if unreachable(error):  # MLflow's MlflowException around a refused or timed-out connection
         return True
     try:
         import requests
@@ -283,30 +286,39 @@ class ServiceUnavailable(Exception):
 
 @contextmanager
 def cli_errors(name: str) -> Iterator[None]:
-    """Turn what a person must act on (a server down, no champion, bad credentials) into one line + exit 2."""
+    """One line instead of a traceback: exit 2 for what a person must act on (no champion, bad credentials,
+    a refused account), 75 when trying again may work (MLflow died or hung, the lease stayed busy)."""
     from mlflow.exceptions import MlflowException
 
     from sentcl.registry import RegistryConfigError
+    from sentcl_mlflow.errors import one_line
     from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:
         yield
+    except (TrackingUnavailableError, PromotionLockTimeout) as e:
+        raise SystemExit(_say(one_line(name, e))) from None  # try again later: 75, as the stages
     except (
         ServiceUnavailable,
-        TrackingUnavailableError,
         TrackingAuthError,
         NoChampionError,
-        PromotionLockTimeout,
         WeightsMismatchError,
         RegistryConfigError,
     ) as e:
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    except (
-        MlflowException
-    ) as e:  # a version or model that is not there ("--version 12"): say it, no traceback
-        if e.error_code != "RESOURCE_DOES_NOT_EXIST":
+    except Exception as e:
+        if isinstance(e, MlflowException) and e.error_code == "RESOURCE_DOES_NOT_EXIST":
+            print(f"{name}: {e.message}", file=sys.stderr)  # "--version 12": say it, no traceback
+            raise SystemExit(2) from None
+        known = one_line(name, e)  # the server died or hung mid-call (75), refused the account (2)
+        if known is None:
             raise
-        print(f"{name}: {e.message}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(_say(known)) from None
+
+
+def _say(known: tuple[int, str] | None) -> int:
+    assert known is not None  # one_line knows every type cli_errors hands it
+    print(known[1], file=sys.stderr)
+    return known[0]

@@ -18,16 +18,42 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
 
 from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
 from sentcl_mlflow import registry
-
-EXIT_TRANSIENT = 75  # EX_TEMPFAIL, as stages.common: try again later
+from sentcl_mlflow.errors import EXIT_TRANSIENT  # EX_TEMPFAIL, as stages.common: try again later
 
 TIMEOUT_S = flow_config().stage_timeout_s or None
+
+
+# The error an in-process flow run of main() ended on. Prefect logs a flow's exception with its traceback
+# before re-raising it; for an error a person acts on the flow returns a Failed state instead (its message
+# is the error), and main() raises the error kept here, which ends in one line like the direct path.
+_ended_on: list[BaseException] = []
+
+
+def _expected(error: BaseException) -> bool:
+    from sentcl_mlflow.errors import one_line
+
+    return isinstance(error, LookupError | registry.WeightsMismatchError) or (
+        isinstance(error, Exception) and one_line("promote", error) is not None
+    )
+
+
+def _quietly(call: Callable[[], Any]) -> Any:
+    try:
+        return call()
+    except Exception as error:
+        if not _expected(error):
+            raise
+        from prefect.states import Failed
+
+        _ended_on.append(error)
+        return Failed(message=f"{type(error).__name__}: {error}")
 
 
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -36,6 +62,13 @@ def promote_flow(
 ) -> dict[str, Any]:
     with promotion_slot():
         return registry.promote(model, version=version, actor=actor, force=force)
+
+
+@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
+def _promote_cli_flow(
+    version: str | None = None, actor: str | None = None, model: str | None = None, force: bool = False
+) -> Any:
+    return _quietly(lambda: promote_flow.fn(version, actor, model, force))
 
 
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -52,6 +85,18 @@ def promote_deployed(version: str | None = None, model: str | None = None) -> di
 def rollback_flow(reason: str, actor: str | None = None, model: str | None = None) -> dict[str, Any]:
     with promotion_slot():
         return registry.rollback(model, actor=actor, reason=reason)
+
+
+@flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
+def _rollback_cli_flow(reason: str, actor: str | None = None, model: str | None = None) -> Any:
+    return _quietly(lambda: rollback_flow.fn(reason, actor, model))
+
+
+def _run_flow(state) -> None:  # noqa: ANN001 (a Prefect State)
+    """Re-raise what the flow run ended on (one line below); an unexpected failure keeps its traceback."""
+    if _ended_on:
+        raise _ended_on.pop()
+    state.result()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
             check_prefect_api()
         if args.rollback:
             if orchestrated:
-                rollback_flow(args.reason, args.by, args.model)
+                _run_flow(_rollback_cli_flow(args.reason, args.by, args.model, return_state=True))
             else:
                 registry.rollback(args.model, actor=args.by, reason=args.reason)
         elif orchestrated:
-            promote_flow(args.version, args.by, args.model, args.force)
+            _run_flow(_promote_cli_flow(args.version, args.by, args.model, args.force, return_state=True))
         else:
             registry.promote(args.model, version=args.version, actor=args.by, force=args.force)
 

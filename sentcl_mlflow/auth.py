@@ -11,10 +11,12 @@ granted on it can take it. ``setup`` is idempotent (run at every ``make serve`` 
 exists is kept, a permission that differs is replaced) and reads every secret from the environment:
 
 - ``SENTCL_GATE_USER`` / ``SENTCL_GATE_PASSWORD``: the account the pipeline, the flows and the worker use;
-  MANAGE on the production model, the experiments model and both leases, EDIT on the experiment;
+  MANAGE on the production model, the experiments model and both leases, EDIT on the experiment, MANAGE on
+  the production experiment (``<experiment>-production``, where production registrations log their run);
 - ``SENTCL_TEAM_USER`` / ``SENTCL_TEAM_PASSWORD`` (optional): a teammate's account; EDIT on the experiment
   (log runs), MANAGE on the experiments model (``registry.experiment_model_name``) and its lease, READ on
-  production and on its lease (so it can neither take nor hold the production lease).
+  production, on its lease (so it can neither take nor hold the production lease) and on the production
+  experiment (so it cannot overwrite a production run's artifacts).
 
 ``bootstrap`` creates the admin in the users database named by ``MLFLOW_AUTH_CONFIG_PATH`` before the
 server starts, so the server process itself never holds the admin password (``infra/mlflow-server.sh``).
@@ -101,10 +103,15 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         except MlflowException as e:
             if str(getattr(e, "error_code", "")) != "RESOURCE_ALREADY_EXISTS":
                 raise
+    from sentcl_mlflow.registry import production_experiment
     from sentcl_mlflow.store import experiment_id
 
     exp_id = experiment_id(mlc)
+    # Created here as the admin (its creator would get MANAGE on it): production runs are logged there, and
+    # only the gate may write them, so no teammate can overwrite a production run's artifacts.
+    prod_exp_id = experiment_id(mlc, production_experiment())
     ensure_user(auth, gate_user, gate_password)
+    grant(auth, gate_user, "experiment", prod_exp_id, "MANAGE")
     grant(auth, gate_user, "registered_model", config.model_name, "MANAGE")
     grant(auth, gate_user, "registered_model", config.experiment_model_name, "MANAGE")
     grant(auth, gate_user, "registered_model", prod_lease, "MANAGE")
@@ -115,6 +122,7 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     if team_user and team_password:
         ensure_user(auth, team_user, team_password)
         grant(auth, team_user, "experiment", exp_id, "EDIT")
+        grant(auth, team_user, "experiment", prod_exp_id, "READ")  # reads production runs, never writes them
         grant(auth, team_user, "registered_model", config.experiment_model_name, "MANAGE")
         grant(auth, team_user, "registered_model", exp_lease, "MANAGE")
         # Explicitly READ (replacing any MANAGE its creator got) on the production model's lease.

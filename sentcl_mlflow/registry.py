@@ -43,7 +43,18 @@ from sentcl.registry import (
     weight_file_digests,
     weights_fingerprint,
 )
-from sentcl_mlflow.store import TrackingAuthError, client, git_commit, load_params_file
+from sentcl_mlflow import runs
+from sentcl_mlflow.errors import describe, unreachable
+from sentcl_mlflow.store import (
+    EXPERIMENT,
+    TrackingAuthError,
+    TrackingUnavailableError,
+    client,
+    git_commit,
+    load_params_file,
+    quick_requests,
+    tracking_uri,
+)
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -115,6 +126,22 @@ def target_model_name(config: GateConfig) -> str:
     return config.experiment_model_name if in_experiment and not asked else config.model_name
 
 
+# Production runs go to an experiment of their own, which `auth setup` makes editable by the gate's account
+# only: in the shared experiment every teammate with EDIT could overwrite a production run's artifacts.
+PRODUCTION_EXPERIMENT_SUFFIX = "-production"
+
+
+def production_experiment(experiment: str = EXPERIMENT) -> str:
+    return experiment + PRODUCTION_EXPERIMENT_SUFFIX
+
+
+def run_experiment(model_name: str, config: GateConfig | None = None) -> str:
+    """The experiment a registration's model run is logged in: the gate-only production experiment for the
+    production model, the shared one for the experiments model (and anything else)."""
+    config = config or gate_config()
+    return production_experiment() if model_name == config.model_name else EXPERIMENT
+
+
 def _actor(actor: str | None) -> str:
     return actor or os.environ.get("SENTCL_ACTOR") or getpass.getuser()
 
@@ -141,6 +168,8 @@ class PromotionLeaseLost(PromotionLockTimeout):
 
 
 LEASE_SOURCE = "sentcl-lease:/promotion-lease"  # never read: a lease version has no files
+# On every MLflow run started while a lease is held: the lease model and the holder's token (version).
+TAG_RUN_LEASE, TAG_RUN_TOKEN = "sentcl.lease_model", "sentcl.lease_token"
 
 
 class Lease:
@@ -231,6 +260,8 @@ def promotion_lock(
                 LEASE_SOURCE,
                 tags={"owner": owner, "lease_s": f"{lease_s:g}"},
                 description="waiting",
+                # A lease version has no files to wait for; MLflow would log "Waiting up to 300 seconds".
+                await_creation_for=0,
             ).version
         )
     except MlflowException as e:
@@ -269,8 +300,9 @@ def promotion_lock(
                     f"promotion of {name!r}: the lease {lease_model!r} is held by {holder}; waited {wait_s:g}s"
                 )
             time.sleep(min(1.0, lease_s / 6) * (0.5 + random.random()))
-    except BaseException:
-        _release(held)
+    except BaseException as error:
+        released = _release(held, error)
+        _raise_unreachable(error, name, held, released, "while waiting for")
         raise
     stop = threading.Event()
 
@@ -286,11 +318,40 @@ def promotion_lock(
     renewer = threading.Thread(target=keep_renewing, name="promotion-lease", daemon=True)
     renewer.start()
     try:
-        yield held
-    finally:
+        # Every run started under the lease names it: one left RUNNING (its process or the server died)
+        # is ended by the next holder (fail_orphaned_runs).
+        with runs.context_tags({TAG_RUN_LEASE: lease_model, TAG_RUN_TOKEN: token}):
+            yield held
+    except BaseException as error:
         stop.set()
         renewer.join(10)
-        _release(held)
+        released = _release(held, error)
+        _raise_unreachable(error, name, held, released, "while holding")
+        raise
+    stop.set()
+    renewer.join(10)
+    _release(held)
+
+
+def _raise_unreachable(error: BaseException, name: str, held: Lease, released: bool, when: str) -> None:
+    """A connection failure under the lease becomes one TrackingUnavailableError (exit 75 in every entry
+    point) that says what became of the lease."""
+    if (
+        not isinstance(error, Exception)
+        or not unreachable(error)
+        or isinstance(error, TrackingUnavailableError)
+    ):
+        return
+    lease = (
+        f"its lease version {held.token} was released"
+        if released
+        else f"its lease version {held.token} of {held.model!r} expires by itself {held.lease_s:g}s after "
+        "its last renewal (SENTCL_PROMOTION_LEASE_S)"
+    )
+    raise TrackingUnavailableError(
+        f"MLflow tracking server {tracking_uri()} stopped answering ({describe(error)}) {when} the promotion "
+        f"lease of {name!r}; {lease}; a run it left RUNNING is ended as FAILED by the next registration"
+    ) from error
 
 
 def _lease_length(version, default: float) -> float:  # noqa: ANN001
@@ -300,19 +361,34 @@ def _lease_length(version, default: float) -> float:  # noqa: ANN001
         return default
 
 
-def _release(held: Lease) -> None:
+def _release(held: Lease, error: BaseException | None = None) -> bool:
+    """Delete our lease version; True when it is gone. After a connection failure (``error``) the server
+    gets one short try: a dead one would cost the whole bounded timeout again, for a lease that expires on
+    its own anyway; the caller's one line then says so instead of a line here."""
     from mlflow.exceptions import MlflowException
 
+    quick = error is not None and isinstance(error, Exception) and unreachable(error)
     try:
-        held.mlc.delete_model_version(held.model, held.token)
+        if quick:
+            with quick_requests():
+                held.mlc.delete_model_version(held.model, held.token)
+        else:
+            held.mlc.delete_model_version(held.model, held.token)
+        return True
     except MlflowException as e:
-        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
-            print(f"registry: could not release the promotion lease {held.model} {held.token}: {e.message}")
+        if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+            return True
+        if quick or unreachable(e):
+            return False
+        print(f"registry: could not release the promotion lease {held.model} {held.token}: {e.message}")
     except Exception as e:  # noqa: BLE001 (the server is gone: the lease expires on its own)
+        if quick:
+            return False
         print(
             f"registry: could not release the promotion lease {held.model} {held.token} "
             f"({type(e).__name__}); it expires after {held.lease_s:g}s"
         )
+    return False
 
 
 # --------------------------------------------------------------------------------------------- versions
@@ -323,8 +399,32 @@ def _version_or_none(mlc: MlflowClient, name: str, alias: str):
 
     try:
         return mlc.get_model_version_by_alias(name, alias)
-    except MlflowException:
+    except MlflowException as e:
+        if unreachable(e):  # a dead server is not "no champion": that would gate as if first ever
+            raise
         return None
+
+
+def fail_orphaned_runs(mlc: MlflowClient, lease: Lease) -> list[str]:
+    """Runs an earlier holder of this lease started and left RUNNING (its process, or the server, died
+    mid-registration): ended as FAILED, tagged ``sentcl.failed_by``. Call with the lease held: every lower
+    token is gone by then, so no live holder can still be writing those runs."""
+    experiments = [e.experiment_id for e in mlc.search_experiments()]
+    if not experiments:
+        return []
+    query = f"tags.`{TAG_RUN_LEASE}` = '{lease.model}' and attributes.status = 'RUNNING'"
+    done = []
+    for run in mlc.search_runs(experiments, filter_string=query, max_results=200):
+        token = (run.data.tags or {}).get(TAG_RUN_TOKEN, "")
+        if not token.isdigit() or int(token) >= int(lease.token):
+            continue
+        mlc.set_tag(
+            run.info.run_id, "sentcl.failed_by", f"cleanup under lease {lease.token}: lease {token} ended"
+        )
+        mlc.set_terminated(run.info.run_id, "FAILED")
+        print(f"registry: run {run.info.run_id} was left RUNNING under lease {token}; marked FAILED")
+        done.append(run.info.run_id)
+    return done
 
 
 def version_scores(version) -> tuple[float | None, dict[str, float], float | None]:  # noqa: ANN001
@@ -540,6 +640,7 @@ def register_and_gate(
     mlc = client()
     with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
+        fail_orphaned_runs(mlc, lease)
         version, created = _register_locked(
             mlc, name, model_uri, stsb_dev, sts_all, weights_sha256, tags, run_id
         )

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sentcl.registry import TAG_DEV, TAG_DOMAIN
+from sentcl.registry import TAG_DEV, TAG_DOMAIN, GateConfig
 
 INPUT_EXAMPLE = ["a sentence", "another one"]
 
@@ -52,6 +52,8 @@ def log_and_register(
             pip_requirements=pip_requirements(),
             inputs=inputs,
             tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+            # production runs go to the gate-only experiment (registry.run_experiment)
+            experiment=registry.run_experiment(info["model_name"], GateConfig.from_params(params)),
         )
         timings["seconds_log_model"] = round(time.time() - started, 2)
         return model_uri, run_id

@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from sentcl_mlflow.store import (
+    EXPERIMENT,
     client,
     experiment_id,
     git_commit,
     git_dirty,
     load_params_file,
     preflight,
+    quick_requests,
     repo_root,
     tracking_enabled,
 )
@@ -162,6 +164,7 @@ def run_tags(stage: str) -> dict[str, str]:
         )
     except ValueError:
         pass
+    tags.update(_context)
     return tags
 
 
@@ -222,8 +225,8 @@ def log_stage(
                 mlc.log_artifacts(run_id, str(path), artifact_path=path.name)
             elif path.exists():
                 mlc.log_artifact(run_id, str(path))
-    except Exception:
-        _terminate(mlc, run_id, "FAILED")
+    except Exception as error:
+        _terminate(mlc, run_id, "FAILED", error)
         raise
     mlc.set_terminated(run_id, "FINISHED")
     return run_id
@@ -236,11 +239,37 @@ def _finite(value: Any) -> bool:
         return False
 
 
-def _terminate(mlc: MlflowClient, run_id: str, status: str) -> None:
+def _terminate(mlc: MlflowClient, run_id: str, status: str, error: BaseException | None = None) -> None:
+    """End a run the block it belongs to broke off. After a connection failure the server gets one short
+    try (``store.quick_requests``): a dead one would otherwise cost the whole bounded timeout again, and a
+    run left RUNNING by a dead server is ended by the next holder of its promotion lease, if it had one
+    (``registry.fail_orphaned_runs``)."""
+    from sentcl_mlflow.errors import unreachable
+
     try:
-        mlc.set_terminated(run_id, status)
-    except Exception:  # the original error is the one worth reporting
+        if error is not None and unreachable(error):
+            with quick_requests():
+                mlc.set_terminated(run_id, status)
+        else:
+            mlc.set_terminated(run_id, status)
+    except Exception:  # noqa: BLE001 (the original error is the one worth reporting)
         pass
+
+
+# Tags every run this process creates carries while set (``context_tags``): the promotion lease a
+# registration holds, so a run it leaves RUNNING can be found and ended once that lease is gone.
+_context: dict[str, str] = {}
+
+
+@contextmanager
+def context_tags(tags: Mapping[str, str]) -> Iterator[None]:
+    saved = dict(_context)
+    _context.update(tags)
+    try:
+        yield
+    finally:
+        _context.clear()
+        _context.update(saved)
 
 
 @contextmanager
@@ -260,8 +289,8 @@ def stage_run(stage: str, params: dict[str, Any], tags: dict[str, str] | None = 
         for chunk in _chunks([Param(k, v) for k, v in flatten(params).items()], 100):
             mlc.log_batch(run_id, params=chunk)
         yield run_id
-    except BaseException:
-        _terminate(mlc, run_id, "FAILED")
+    except BaseException as error:
+        _terminate(mlc, run_id, "FAILED", error)
         raise
     mlc.set_terminated(run_id, "FINISHED")
 
@@ -277,9 +306,11 @@ def log_pyfunc_run(
     pip_requirements: list[str],
     inputs: list[Path] | None = None,
     tags: dict[str, str] | None = None,
+    experiment: str | None = None,
 ) -> tuple[str, str]:
     """One run that logs a "models from code" pyfunc (``model_file``) with a signature inferred from the input
-    example and its output; returns (run id, model URI). The run is FAILED if logging the model fails."""
+    example and its output; returns (run id, model URI). The run is FAILED if logging the model fails.
+    ``experiment``: where the run goes (default the shared one; ``registry.run_experiment`` names it)."""
     import mlflow
     import numpy as np
     from mlflow.entities import Metric, Param
@@ -290,10 +321,15 @@ def log_pyfunc_run(
     all_tags.update({f"dvc.{k}": v for k, v in dvc_hashes(list(inputs or [])).items()})
     all_tags.update({k: str(v) for k, v in (tags or {}).items()})
     signature = infer_signature(input_example, np.asarray(example_output, dtype=np.float32))
-    with mlflow.start_run(
-        experiment_id=experiment_id(mlc), run_name=all_tags["mlflow.runName"], tags=all_tags
-    ) as run:
-        run_id = run.info.run_id
+    # Not `with mlflow.start_run()`: on an error its exit ends the run with MLflow's full request retries,
+    # which against a dead server doubles the wait; _end_active_run gives it one short try instead.
+    run = mlflow.start_run(
+        experiment_id=experiment_id(mlc, experiment or EXPERIMENT),
+        run_name=all_tags["mlflow.runName"],
+        tags=all_tags,
+    )
+    run_id = run.info.run_id
+    try:
         now = int(time.time() * 1000)
         for chunk in _chunks([Param(k, v) for k, v in flatten(params).items()], 100):
             mlc.log_batch(run_id, params=chunk)
@@ -308,4 +344,26 @@ def log_pyfunc_run(
             input_example=input_example,
             pip_requirements=pip_requirements,
         )
+    except BaseException as error:
+        _end_active_run(error)
+        raise
+    mlflow.end_run("FINISHED")
     return run_id, info.model_uri
+
+
+def _end_active_run(error: BaseException) -> None:
+    """``mlflow.end_run("FAILED")``, with one short try after a connection failure. MLflow takes the run off
+    its stack before the request, so its own exit hook (``atexit`` ends the active run) does not wait on a
+    dead server once more even when this request fails."""
+    import mlflow
+
+    from sentcl_mlflow.errors import unreachable
+
+    try:
+        if unreachable(error):
+            with quick_requests():
+                mlflow.end_run("FAILED")
+        else:
+            mlflow.end_run("FAILED")
+    except Exception:  # noqa: BLE001 (the original error is the one worth reporting)
+        pass

@@ -17,6 +17,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +44,87 @@ class TrackingUnavailableError(RuntimeError):
 
 class TrackingAuthError(RuntimeError):
     """The tracking server refused the credentials (or none were given). Not transient."""
+
+
+# MLflow reads these at every request; ours are set (unless the user set them) where a process first asks
+# for a client, so every later request of the process is bounded the same way.
+HTTP_ENV = {
+    "request_timeout_s": "MLFLOW_HTTP_REQUEST_TIMEOUT",
+    "request_retries": "MLFLOW_HTTP_REQUEST_MAX_RETRIES",
+    "request_backoff_s": "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR",
+}
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """params.yaml ``tracking:``: how long one MLflow request may take and how often it is tried again."""
+
+    request_timeout_s: int
+    request_retries: int
+    request_backoff_s: int
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
+        raw = params.get("tracking")
+        if not isinstance(raw, Mapping):
+            raise ValueError("params.yaml: section 'tracking' is missing or not a mapping")
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(raw) - set(names))
+        if unknown:
+            raise ValueError(
+                f"params.yaml: unknown key {unknown[0]!r} in section 'tracking' (known: {', '.join(names)})"
+            )
+        for name in names:
+            value = raw.get(name)
+            # MLflow parses these variables as integers; a request without a timeout would be unbounded.
+            low = 1 if name == "request_timeout_s" else 0
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"params.yaml: tracking.{name} must be an integer >= {low}, got {value!r}")
+        return cls(**{name: raw[name] for name in names})
+
+    def worst_case_s(self) -> float:
+        """How long one request to a server that accepts and never answers takes to fail, about."""
+        backoff = sum(self.request_backoff_s * 2**i for i in range(self.request_retries))
+        return self.request_timeout_s * (self.request_retries + 1) + backoff
+
+
+def bound_requests(config: TrackingConfig | None = None) -> None:
+    """Set MLflow's request timeout and retries from params.yaml, leaving a value the user exported alone."""
+    config = config or TrackingConfig.from_params(load_params_file())
+    for name, variable in HTTP_ENV.items():
+        os.environ.setdefault(variable, str(getattr(config, name)))
+
+
+def answers(uri: str | None = None, timeout_s: float | None = None) -> bool:
+    """One short /health request: whether cleanup writes (a run's FAILED status, a lease release) after a
+    connection failure are worth trying, or would only wait out the request timeout again."""
+    uri = uri or tracking_uri()
+    if not uri.startswith(("http://", "https://")):
+        return True
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s or CONNECT_TIMEOUT_S):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code < 500
+    except (OSError, urllib.error.URLError):
+        return False
+
+
+@contextmanager
+def quick_requests() -> Iterator[None]:
+    """MLflow requests with one short try each, for best-effort cleanup after the server stopped answering:
+    a dead server refuses at once, a hung one costs CONNECT_TIMEOUT_S instead of the full bounded retries."""
+    saved = {v: os.environ.get(v) for v in HTTP_ENV.values()}
+    os.environ["MLFLOW_HTTP_REQUEST_TIMEOUT"] = str(max(1, int(CONNECT_TIMEOUT_S)))
+    os.environ["MLFLOW_HTTP_REQUEST_MAX_RETRIES"] = "0"
+    try:
+        yield
+    finally:
+        for variable, value in saved.items():
+            if value is None:
+                os.environ.pop(variable, None)
+            else:
+                os.environ[variable] = value
 
 
 # --------------------------------------------------------------------------------------------- where
@@ -147,11 +231,9 @@ def client() -> MlflowClient:
     global _configured
     uri = tracking_uri()
     if _configured != uri:
-        # MLflow's own HTTP retries default to minutes (7 retries, factor 2, 120 s timeout); keep a dead
-        # server from stalling a stage, while still riding out a short blip.
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "3")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
-        os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "30")
+        # MLflow's own HTTP retries default to minutes (7 retries, factor 2, 120 s timeout); params.yaml
+        # `tracking:` keeps a dead or hung server from stalling a stage, while still riding out a short blip.
+        bound_requests()
         if uri.startswith(("http://", "https://")):
             _probe_http(uri)
             _check_credentials(uri)

@@ -25,6 +25,7 @@ from sentcl.model_pooling import POOLINGS, PromptSettings
 from sentcl.registry import GateConfig
 from sentcl.teacher import TeacherConfig
 from sentcl.training_data import INIT_NAMES, TEXT_CHOICES
+from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
 from stages.training import stage_config
 from stages.transfer import transfer_config
@@ -42,6 +43,7 @@ SECTIONS = (
     "evaluate",
     "registry",
     "flows",
+    "tracking",
 )
 EVALUATE_KEYS = ("pooling", "prompt", "backend", "max_tokens", "checkpoints")
 
@@ -131,6 +133,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("evaluate", _check_evaluate),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
+    ("tracking", TrackingConfig.from_params),
 )
 
 

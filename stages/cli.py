@@ -35,3 +35,10 @@ def run_cli(name: str, main_fn: Callable[[], int]) -> int:
     ) as e:
         print(f"{name}: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    except Exception as e:  # MLflow died, hung or refused mid-stage: one line, 75 or 2 (sentcl_mlflow.errors)
+        from sentcl_mlflow.errors import one_line
+
+        if (known := one_line(name, e)) is None:
+            raise
+        print(known[1], file=sys.stderr)
+        return known[0]

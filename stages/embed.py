@@ -98,19 +98,19 @@ def main(argv: list[str] | None = None) -> int:
     except EmbedInputError as error:
         print(f"embed: {error}", file=sys.stderr)
         return 2
-    except RuntimeError as error:  # the tracking server did not answer (TrackingUnavailableError)
+    except Exception as error:
         if type(error).__name__ in ("WeightsMismatchError", "ModelTamperedError"):
             print(f"embed: {error}", file=sys.stderr)  # the registered files were changed: nothing loaded
             return 2
-        if type(error).__name__ != "TrackingUnavailableError":
+        if getattr(error, "error_code", None) == "RESOURCE_DOES_NOT_EXIST":  # no such models:/ version
+            print(f"embed: {args.model}: {error.message}", file=sys.stderr)
+            return 2
+        from sentcl_mlflow.errors import one_line  # the server died, hung (75) or refused (2)
+
+        if (known := one_line("embed", error)) is None:
             raise
-        print(f"embed: {error}", file=sys.stderr)
-        return 1
-    except Exception as error:  # MlflowException: a models:/ URI naming a version or model that is not there
-        if getattr(error, "error_code", None) != "RESOURCE_DOES_NOT_EXIST":
-            raise
-        print(f"embed: {args.model}: {error.message}", file=sys.stderr)
-        return 2
+        print(known[1], file=sys.stderr)
+        return known[0]
     truncated = f"; {done['truncated']} truncated to the model's limit" if done["truncated"] else ""
     print(
         f"embed: {done['lines']} lines ({done['unique']} distinct) -> {args.output} "

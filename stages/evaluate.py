@@ -156,4 +156,6 @@ def run_standalone(args: argparse.Namespace, params: dict[str, Any], prompt_flag
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sentcl_mlflow.errors import run_main  # MLflow died or hung while logging: one line, exit 75
+
+    raise SystemExit(run_main("evaluate", main))

@@ -10,4 +10,6 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from sentcl_mlflow.errors import run_main  # MLflow died or hung mid-stage: one line, exit 75
+
+    raise SystemExit(run_main("joint", main))

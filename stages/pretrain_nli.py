@@ -58,4 +58,6 @@ def main(
 
 
 if __name__ == "__main__":
-    main()
+    from sentcl_mlflow.errors import run_main  # MLflow died or hung mid-stage: one line, exit 75
+
+    raise SystemExit(run_main("nli", main))

@@ -106,7 +106,11 @@ def teacher_folder(model: str, settings: T.TeacherConfig, scratch: Path) -> Path
 
         try:
             return registry.download_model(model, scratch)
-        except Exception as exc:  # unknown name or version, unreachable server, weights mismatch
+        except Exception as exc:  # unknown name or version, weights mismatch
+            from sentcl_mlflow.errors import unreachable
+
+            if unreachable(exc):  # try again later (exit 75), not a wrong teacher.model
+                raise
             raise T.TeacherError(f"teacher.model {model}: {type(exc).__name__}: {exc}") from None
     path = Path(model)
     if not path.is_dir():
@@ -303,4 +307,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sentcl_mlflow.errors import run_main
+
+    raise SystemExit(run_main("teacher", main))

@@ -215,4 +215,6 @@ def _truncated(texts: list[str], tokenizer: Any, max_length: int, config: TrainC
 
 
 if __name__ == "__main__":
-    main()
+    from sentcl_mlflow.errors import run_main  # MLflow died or hung mid-stage: one line, exit 75
+
+    raise SystemExit(run_main("transfer", main))

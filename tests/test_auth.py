@@ -21,6 +21,7 @@ import pytest
 
 from sentcl.registry import GateConfig
 from sentcl_mlflow import auth, registry, store
+from tests.test_mlflow_outage import make_release
 from tests.test_registry import TABLE, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -237,6 +238,69 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
     )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "pyfunc_encoder.py changed since registration" in out.stderr
+
+
+def test_production_runs_are_written_by_the_gate_only(auth_server, monkeypatch, tmp_path):
+    """Issue item 4: a production registration logs its run in `<experiment>-production`, which setup
+    makes the gate's alone; the teammate's artifact PUT of the test above is refused there (403)."""
+    from mlflow.exceptions import MlflowException
+
+    _setup_as_admin(monkeypatch)
+    assert registry.run_experiment(CONFIG.model_name, CONFIG) == registry.production_experiment()
+    assert registry.run_experiment(CONFIG.experiment_model_name, CONFIG) == store.EXPERIMENT
+    as_user(monkeypatch, GATE)
+    mlc = store.client()
+    prod_id = store.experiment_id(mlc, registry.production_experiment())
+    run_id = mlc.create_run(prod_id).info.run_id
+    mlc.log_artifact(run_id, str(_write(tmp_path / "model" / "pyfunc_encoder.py", "served\n")), "model")
+    url = f"{auth_server}/api/2.0/mlflow-artifacts/artifacts/{prod_id}/{run_id}/artifacts/model/pyfunc_encoder.py"
+    team = {"Authorization": "Basic " + base64.b64encode(":".join(TEAM).encode()).decode()}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=team), timeout=20) as response:
+        assert response.read() == b"served\n"  # a teammate reads production runs
+    put = urllib.request.Request(url, data=b"import os; os.system('id')\n", method="PUT", headers=team)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(put, timeout=20)
+    assert refused.value.code == 403
+    as_user(monkeypatch, TEAM)
+    with pytest.raises(MlflowException) as denied:
+        store.client().create_run(prod_id)
+    assert "PERMISSION_DENIED" in str(denied.value.error_code)
+    as_user(monkeypatch, GATE)
+    local = tmp_path / "back"
+    root = Path(store.client().download_artifacts(run_id, "model", str(local)))
+    assert (root / "pyfunc_encoder.py").read_text() == "served\n"
+
+
+def test_a_teammates_make_register_is_refused_in_one_line(auth_server, monkeypatch, tmp_path):
+    """`python -m stages.register` as a teammate: refused at the production lease, one line, exit 2."""
+    release = make_release(tmp_path)
+    as_user(monkeypatch, ADMIN)
+    monkeypatch.setenv("SENTCL_GATE_USER", GATE[0])
+    monkeypatch.setenv("SENTCL_GATE_PASSWORD", GATE[1])
+    monkeypatch.setenv("SENTCL_TEAM_USER", TEAM[0])
+    monkeypatch.setenv("SENTCL_TEAM_PASSWORD", TEAM[1])
+    auth.setup(GateConfig.from_params(store.load_params_file()))  # the model names `make register` uses
+    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DVC_EXP_NAME")}
+    env.update(MLFLOW_TRACKING_USERNAME=TEAM[0], MLFLOW_TRACKING_PASSWORD=TEAM[1])
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.register",
+            "--release",
+            str(release),
+            "--summary",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 2, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "may not take its lease" in out.stderr
 
 
 def _write(path: Path, text: str) -> Path:
