@@ -163,7 +163,11 @@ def _setting(params: dict[str, Any], checkpoint: str, key: str) -> Any:
     )
     stage = params.get(section) or {}
     own = (stage.get(recipe) or {}) if recipe else {}
-    return own.get(key, stage.get(key, (params.get("train") or {}).get(key)))
+    objective = own.get("objective", stage.get("objective"))
+    overlay = (
+        (stage.get({"tsdae": "tsdae", "distill": "distillation"}.get(objective, "")) or {}) if recipe else {}
+    )
+    return overlay.get(key, own.get(key, stage.get(key, (params.get("train") or {}).get(key))))
 
 
 def _lr(params: dict[str, Any], checkpoint: str) -> Any:
@@ -182,6 +186,7 @@ def _objective(params: dict[str, Any], checkpoint: str) -> str:
         **((params.get("train") or {}).get("distill") or {}),
         **(stage.get("distill") or {}),
         **(recipe.get("distill") or {}),
+        **((stage.get("distillation") or {}).get("distill") or {}),
     }
     return f"distill from {teacher} ({settings.get('loss')}, examples {settings.get('examples')})"
 

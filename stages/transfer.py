@@ -54,15 +54,19 @@ from stages.training import (
     transfer_texts,
 )
 
-STAGE_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae")
+STAGE_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae", "distillation")
 TEACHER_VECTORS = DATA / "teacher"  # stages.teacher
 log = logging.getLogger("stages.transfer")
 
 
 def transfer_config(params: dict[str, Any], recipe: str | None, overrides: dict[str, Any]) -> TrainConfig:
-    """``train`` + ``transfer`` + ``transfer.<recipe>`` (+ ``transfer.tsdae`` for that objective) + overrides."""
-    objective = overrides.get("objective") or (params.get("transfer") or {}).get("objective")
-    recipes = ([recipe] if recipe else []) + (["tsdae"] if objective == "tsdae" else [])
+    """``train`` + ``transfer`` + ``transfer.<recipe>`` (+ ``transfer.tsdae`` or ``transfer.distillation`` for
+    that objective) + overrides. The objective is the override's, else the recipe's, else the section's."""
+    section = params.get("transfer") or {}
+    own = (section.get(recipe) or {}) if recipe else {}
+    objective = overrides.get("objective") or own.get("objective") or section.get("objective")
+    overlay = {"tsdae": ["tsdae"], "distill": ["distillation"]}.get(objective, [])
+    recipes = ([recipe] if recipe else []) + overlay
     return stage_config(params, "transfer", {"mode": "transfer", **overrides}, recipes, STAGE_KEYS)
 
 

@@ -83,6 +83,7 @@ def params(lr: float = 2e-5) -> dict:
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["transfer"]["lr"] = lr
     p["transfer"]["base"].pop("lr", None)
+    p["transfer"]["base"]["objective"] = "contrastive"  # the stage-section lr (a distilled recipe has its own)
     return p
 
 
@@ -149,10 +150,10 @@ def test_a_distilled_champion_names_its_teacher(metrics, tmp_path):
     p = params()
     p["teacher"]["model"] = "all-mpnet-base-v2"
     p["transfer"]["base"]["objective"] = "distill"
-    p["transfer"]["base"]["distill"] = {"examples": "neighbours"}
+    p["transfer"]["distillation"] = {"distill": {"examples": "neighbours"}, "lr": 1e-4}
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     loss = p["train"]["distill"]["loss"]
-    assert f"distill from all-mpnet-base-v2 ({loss}, examples neighbours); lr" in page
+    assert f"distill from all-mpnet-base-v2 ({loss}, examples neighbours); lr 0.0001" in page
     p["transfer"]["base"]["objective"] = "contrastive"
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     assert "contrastive; lr" in page and "distill from" not in page
