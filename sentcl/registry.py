@@ -140,12 +140,33 @@ def selection_score(row: Mapping[str, Any]) -> float:
     return float(row["stsb_dev"])
 
 
-def choose_checkpoint(sts: Mapping[str, Any], available: set[str] | frozenset[str]) -> str:
-    """The checkpoint with the best selection score among ``available`` ones; ties keep file order."""
+def choose_checkpoint(
+    sts: Mapping[str, Any], available: set[str] | frozenset[str], max_dev_drop: float, reference: str = "base"
+) -> str:
+    """The checkpoint with the best selection score among ``available`` ones whose dev guards (SICK-R trial,
+    ``sick_dev``) stay within ``max_dev_drop`` of the ``reference`` row's (the model every checkpoint started
+    from): the gate's own dev guard, applied when choosing, so the export never picks a checkpoint the gate
+    would refuse against its init. Without a reference row (or its ``sick_dev``) nothing is guarded. Ties keep
+    file order. Only dev splits are read."""
+    floor = None
+    ref = sts.get(reference)
+    if isinstance(ref, Mapping) and ref.get("sick_dev") is not None:
+        floor = float(ref["sick_dev"]) - max_dev_drop
+
+    def guarded(name: str, row: Mapping[str, Any]) -> bool:
+        return (
+            floor is None
+            or name == reference
+            or (row.get("sick_dev") is not None and row["sick_dev"] >= floor)
+        )
+
     scored = [
         (selection_score(row), name)
         for name, row in sts.items()
-        if isinstance(row, Mapping) and row.get("stsb_dev") is not None and name in available
+        if isinstance(row, Mapping)
+        and row.get("stsb_dev") is not None
+        and name in available
+        and guarded(name, row)
     ]
     if not scored:
         raise LookupError(f"no checkpoint with stsb_dev and a model folder among {sorted(sts)}")

@@ -55,10 +55,11 @@ class OnnxMismatchError(ValueError):
     """The ONNX graph's vectors differ from PyTorch's by more than ``ONNX_TOLERANCE``."""
 
 
-def best_existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path]) -> str:
-    """The checkpoint with the best selection score among those whose folder exists (sentcl.registry);
-    ``LookupError`` when none does."""
-    return choose_checkpoint(sts, {name for name, folder in folders.items() if folder.exists()})
+def best_existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path], max_dev_drop: float) -> str:
+    """The checkpoint with the best selection score among those whose folder exists and whose dev guards hold
+    (sentcl.registry.choose_checkpoint); ``LookupError`` when none does."""
+    available = {name for name, folder in folders.items() if folder.exists()}
+    return choose_checkpoint(sts, available, max_dev_drop)
 
 
 def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:

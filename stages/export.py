@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"export: {name} domain Spearman {row['domain_spearman']:.2f} on {len(pairs)} pairs")
         tags["domain_dev_sha256"] = hashlib.sha256(args.domain_dev.read_bytes()).hexdigest()
     try:
-        checkpoint = release.best_existing_checkpoint(sts, folders)
+        checkpoint = release.best_existing_checkpoint(sts, folders, config.max_dev_drop)
     except LookupError as e:
         raise SystemExit(f"export: {e}") from None
     if args.domain_dev and args.champion_candidate:

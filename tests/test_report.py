@@ -83,7 +83,9 @@ def params(lr: float = 2e-5) -> dict:
     p = yaml.safe_load((ROOT / "params.yaml").read_text())
     p["transfer"]["lr"] = lr
     p["transfer"]["base"].pop("lr", None)
-    p["transfer"]["base"]["objective"] = "contrastive"  # the stage-section lr (a distilled recipe has its own)
+    p["transfer"]["base"]["objective"] = (
+        "contrastive"  # the stage-section lr (a distilled recipe has its own)
+    )
     return p
 
 
