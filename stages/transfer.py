@@ -64,10 +64,13 @@ def transfer_config(params: dict[str, Any], recipe: str | None, overrides: dict[
     that objective) + overrides. The objective is the override's, else the recipe's, else the section's."""
     section = params.get("transfer") or {}
     own = (section.get(recipe) or {}) if recipe else {}
-    objective = overrides.get("objective") or own.get("objective") or section.get("objective")
+    # A preset asked for is a published contrastive recipe: the recipe's own objective does not apply to it.
+    recipe_objective = None if overrides.get("preset") else own.get("objective")
+    objective = overrides.get("objective") or recipe_objective or section.get("objective")
     overlay = {"tsdae": ["tsdae"], "distill": ["distillation"]}.get(objective, [])
     recipes = ([recipe] if recipe else []) + overlay
-    return stage_config(params, "transfer", {"mode": "transfer", **overrides}, recipes, STAGE_KEYS)
+    values = {"mode": "transfer", **overrides, "objective": objective}
+    return stage_config(params, "transfer", values, recipes, STAGE_KEYS)
 
 
 def read_domain_dev(path: str, flag: str = "--domain-dev") -> list[tuple[str, str, float]]:

@@ -573,10 +573,16 @@ def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
 def test_bench_domain_distill_without_a_teacher_is_one_line_exit_2(stage_args, capsys):
     from benchmarks.bench_domain import main
 
+    import yaml
+
     args, tmp_path, _ = stage_args
+    params = yaml.safe_load(open(args[args.index("--params") + 1]))
+    params["teacher"]["model"] = "none"
+    no_teacher = tmp_path / "no-teacher-params.yaml"
+    no_teacher.write_text(yaml.safe_dump(params))
     with pytest.raises(SystemExit) as exit_info:
         main(
-            ["--params", args[args.index("--params") + 1], "--processed", args[args.index("--processed") + 1]]
+            ["--params", str(no_teacher), "--processed", args[args.index("--processed") + 1]]
             + ["--method", "tsdae", "distill+contrastive", "--work", str(tmp_path / "work")]
         )
     assert exit_info.value.code == 2

@@ -119,6 +119,8 @@ def train_config(mode: str = "transfer", recipe: str | None = "base", **override
 
     values = {"mode": mode, "device": "cpu", **overrides}
     if mode == "transfer":  # objective tsdae adds transfer.tsdae, as the stage does
+        # params.yaml's base recipe distils; the tiny tests exercise the contrastive recipe unless they ask
+        values.setdefault("objective", "contrastive")
         from stages.transfer import transfer_config
 
         return transfer_config(load_params(), recipe, values)
