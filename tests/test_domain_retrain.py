@@ -571,9 +571,9 @@ def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
 
 
 def test_bench_domain_distill_without_a_teacher_is_one_line_exit_2(stage_args, capsys):
-    from benchmarks.bench_domain import main
-
     import yaml
+
+    from benchmarks.bench_domain import main
 
     args, tmp_path, _ = stage_args
     params = yaml.safe_load(open(args[args.index("--params") + 1]))
