@@ -45,7 +45,13 @@ def main() -> None:
         config = stage_config(
             params,
             "transfer",
-            {"mode": "transfer", "steps": args.steps, "compile": compiled, "bf16": args.bf16},
+            {
+                "mode": "transfer",
+                "objective": "contrastive",
+                "steps": args.steps,
+                "compile": compiled,
+                "bf16": args.bf16,
+            },
             "base",
             STAGE_KEYS,
         )

@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "transfer",
         {
             "mode": "transfer",
+            "objective": "contrastive",  # the contrastive loop is what is measured (base's recipe distils)
             "bf16": args.bf16,
             "device": str(device),
             "max_length": args.max_length,

@@ -103,7 +103,7 @@ def ours(
 ):
     encoder = Encoder.from_pretrained(model_path)
     # The peer's work: dropout as the only view, NT-Xent over both directions, every other setting params.yaml's.
-    overrides = {"mode": "transfer", "loss": "nt_xent", "views": ("none", "none"), "encoder_dropout": True,
+    overrides = {"mode": "transfer", "objective": "contrastive", "loss": "nt_xent", "views": ("none", "none"), "encoder_dropout": True,
                  "alpha": 1.0, "temperature": t, "lr": lr, "batch_size": len(sentences), "max_length": max_length,
                  "steps": 10**6, "warmup_ratio": 0.0, "device": str(device), "bf16": bf16, "compile": False}  # fmt: skip
     config = stage_config(load_params(), "transfer", overrides, "base", STAGE_KEYS)

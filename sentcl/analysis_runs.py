@@ -163,7 +163,9 @@ def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) 
     # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run. Set
     # in the transfer section, which wins over `train` (params.yaml's transfer.eval_steps would shadow it there).
     p["transfer"] = {**p["transfer"], **stage_keys, "steps": steps, "eval_steps": steps, "patience": 1}
-    p["transfer"]["base"] = {**p["transfer"]["base"], **recipe}
+    # The sweeps compare contrastive views, temperatures and batch sizes: the contrastive objective, whatever
+    # objective the base recipe trains with in the pipeline (it distils), unless a cell sets one.
+    p["transfer"]["base"] = {**p["transfer"]["base"], "objective": "contrastive", **recipe}
     return p
 
 

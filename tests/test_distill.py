@@ -63,7 +63,7 @@ def _objective(setup, **distill):
     from sentcl.objectives import Embedder, build_objective
 
     student, teacher, sentences = setup
-    settings = {"loss": "similarity_mse", "contrastive": 0.0} | distill
+    settings = {"loss": "similarity_mse", "contrastive": 0.0, "examples": "sentences"} | distill
     config = train_config(objective="distill", distill=settings, bf16=False)
     encoder = Encoder.from_pretrained(str(student))
     objective = build_objective(config, encoder.dim, encoder, teacher)
@@ -231,7 +231,7 @@ def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exac
     def trained(accum: int, steps: int):
         config = train_config(
             objective="distill",
-            distill={"loss": "similarity_mse", "contrastive": 0.0},
+            distill={"loss": "similarity_mse", "contrastive": 0.0, "examples": "sentences"},
             bf16=False,
             steps=steps,
             batch_size=16,

@@ -70,7 +70,7 @@ def test_a_bad_value_names_the_params_file_given(tmp_path, capsys):
     from stages import transfer
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    params["transfer"]["lr"] = "fast"
+    params["transfer"]["distillation"]["lr"] = "fast"  # the default recipe's (base distils)
     path = tmp_path / "sweep.yaml"
     path.write_text(yaml.safe_dump(params))
     with pytest.raises(SystemExit) as exit_:

@@ -28,6 +28,7 @@ def test_a_transfer_with_output_outside_models_keeps_the_pipeline_records(tmp_pa
     params["model"] = {"name": str(make_tiny_encoder(tmp_path / "hub")), "max_length": 32}
     params["train"].update(eval_steps=1, device="cpu", bf16=False)
     params["transfer"].update(steps=1, batch_size=8, max_texts=16, eval_steps=1)
+    params["transfer"]["base"]["objective"] = "contrastive"  # no teacher vectors here
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     out = tmp_path / "sweep" / "lr-fast"
     base.main(["--params", str(tmp_path / "params.yaml"), "--output", str(models / "base")])

@@ -239,6 +239,7 @@ def test_the_three_stages_end_to_end(tmp_path):
     params["pretrain_nli"].update(steps=4, batch_size=8, lr=1e-3)
     params["joint"].update(steps=4, batch_size=8, lr=1e-3, views=["none", "adversarial"])
     params["transfer"].update(steps=4, batch_size=16, lr=1e-3, max_texts=40, eval_steps=2)
+    params["transfer"]["base"]["objective"] = "contrastive"  # distillation end to end: tests/test_distill.py
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     models, metrics, checkpoints = tmp_path / "models", tmp_path / "metrics", tmp_path / "checkpoints"
     common = ["--params", str(tmp_path / "params.yaml"), "--processed", str(processed)]
@@ -333,6 +334,7 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
     ]
     configs = [stage_config(p, "transfer", {"mode": "transfer"}, "base", STAGE_KEYS) for p in cells]
     assert [c.views for c in configs] == [("shuffle", "none"), ("dropout", "none")]
+    assert all(c.objective == "contrastive" for c in configs)  # the pipeline's base recipe distils
     assert {c.encoder_dropout for c in configs} == {params["transfer"]["base"]["encoder_dropout"]}
     assert all(c.steps == 30 for c in configs) and cells[0]["transfer"]["max_texts"] == 2000
     # STS-B dev only at the start and the end, whatever params.yaml's transfer section says
