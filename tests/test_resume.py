@@ -41,6 +41,7 @@ def setup(tmp_path):
     params["train"].update(eval_steps=40, save_steps=10, patience=1000, device="cpu")
     params["transfer"].update(steps=120, batch_size=16, lr=2e-3, eval_steps=40)
     params["transfer"]["base"]["views"] = ["shuffle", "token_cutoff"]
+    params["transfer"]["base"]["objective"] = "contrastive"  # the recipe distils by default; no teacher here
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     return tmp_path
 
