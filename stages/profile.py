@@ -69,6 +69,11 @@ def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) ->
     if texts not in TEXT_CHOICES and not Path(texts).exists():  # a GPU corpus (e.g. wiki1m) is not here
         print(f"{profile}: transfer.texts {texts} is not here; the smoke run trains on heldout")
         params["transfer"]["texts"] = "heldout"
+    elif texts == "consert" and not raw.is_dir():  # a clone without the SentEval mirror beside it
+        print(
+            f"{profile}: transfer.texts consert needs the SentEval mirror ({raw}); the smoke run trains on heldout"
+        )
+        params["transfer"]["texts"] = "heldout"
     for section in ("pretrain_nli", "joint", "transfer"):
         params[section].update(steps=2, batch_size=min(8, params[section]["batch_size"]))
         for recipe in ("base", "nli", "joint"):
