@@ -52,8 +52,8 @@ from stages.transfer import read_domain_dev
 
 METHODS = RETRAIN_METHODS  # params.yaml retrain.method picks one of these for the retrain flow
 Pairs = list[tuple[str, str, float]]
-# The bar for a retrain that pays: held-out test up by this much, STS-B dev down by no more than that.
-GOAL_TEST_GAIN, GOAL_STSB_DROP = 1.0, 0.5
+# The bar for a retrain that pays: held-out test up by this much, STS-B dev down by no more than that.
+GOAL_TEST_GAIN, GOAL_STSB_DROP = 1.5, 0.5
 
 
 def sick_triple(pairs: pd.DataFrame) -> tuple[list[str], Pairs, Pairs]:

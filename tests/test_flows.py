@@ -262,6 +262,7 @@ def tiny_inbox(tmp_path, monkeypatch):
     params["seed"], params["model"] = 1, {"name": str(model), "max_length": 12}
     params["train"].update(eval_steps=1, patience=10, device="cpu", bf16=False, min_delta=1000.0)
     params["transfer"].update(steps=2, batch_size=8, lr=1e-3, eval_steps=1)
+    params["retrain"]["method"] = "contrastive"  # the default distils from the 438 MB teacher
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     box = tmp_path / "inbox"
     (box / "processed" / "2026-11-01").mkdir(parents=True)
