@@ -286,6 +286,17 @@ def read_scored_pairs(path: Path | str) -> list[tuple[str, str, float]]:
     return pairs
 
 
+def read_flag_pairs(path: Path | str, flag: str = "--domain-dev") -> list[tuple[str, str, float]]:
+    """``read_scored_pairs`` of a file a command-line ``flag`` names; a missing file or a bad line is a
+    ``DomainTextError`` naming the flag, the file (and line)."""
+    if not Path(path).is_file():
+        raise DomainTextError(f"{flag} {path}: no such file")
+    try:
+        return read_scored_pairs(path)
+    except DomainTextError as exc:
+        raise DomainTextError(f"{flag} {exc}") from None
+
+
 def write_sentences(sentences: Sequence[str], path: Path | str) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

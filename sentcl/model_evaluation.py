@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -15,6 +16,20 @@ from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import Benchmark, evaluate, markdown_table, order_result
 from sentcl.fast_encode import DEFAULT_MAX_TOKENS, FastEncoder
 from sentcl.model_pooling import ModelPooling, PromptSettings, read_model_pooling
+
+# The pipeline's checkpoints, and what the evaluate stage uses where params ``evaluate`` says nothing.
+CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")
+DEFAULTS: dict[str, Any] = {
+    "pooling": "last-avg",
+    "backend": "onnx",
+    "max_tokens": DEFAULT_MAX_TOKENS,
+    "checkpoints": list(CHECKPOINTS),
+}
+
+
+def stage_settings(params: dict[str, Any]) -> dict[str, Any]:
+    """params ``evaluate`` over ``DEFAULTS``."""
+    return DEFAULTS | (params.get("evaluate") or {})
 
 
 class EvaluationSetupError(ValueError):
@@ -207,6 +222,39 @@ def score_checkpoints(
             results[name]["model"] = f"models/{name}"
             seen[digest] = name
         on_result(name, results[name])
+    return results
+
+
+def score_models(
+    models: dict[str, str],
+    benchmark: Benchmark,
+    settings: dict[str, Any],
+    pooling: str | None,
+    prompt_flags: dict[str, Any] | None,
+    backend: str | None,
+    max_length: int | None,
+    progress: bool,
+    log: logging.Logger,
+) -> dict[str, Any]:
+    """Each of ``models`` (name -> folder, or a Hugging Face id) scored with its pooling (``model_pooling``), by
+    ``backend`` (default ``settings``'), its summary line on ``log``: the standalone JSON of each."""
+    backend, max_tokens = backend or settings["backend"], int(settings["max_tokens"])
+    results: dict[str, Any] = {}
+    for name, folder in models.items():
+        if not Path(resolve_model_path(folder)).exists() and not Path(folder).exists():
+            log.warning("evaluate: %s is not a local folder; trying it as a Hugging Face id", folder)
+        chosen = model_pooling(folder, settings, pooling, prompt_flags)
+        results[name] = evaluate_model(
+            folder,
+            benchmark,
+            chosen.pooling,
+            backend,
+            max_length=max_length,
+            max_tokens=max_tokens,
+            progress=progress,
+            prompt=chosen.prompt,
+        )
+        log.info(summary_line(name, results[name]))
     return results
 
 

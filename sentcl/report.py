@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.evaluation import TASKS
+from sentcl.recipes import checkpoint_settings
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TABLE_ROW_LIMIT = 60  # an analysis table longer than this shows its head and says how many rows it left out
@@ -156,39 +157,16 @@ def _frequent_tokens_summary(path: Path) -> dict[str, Any] | None:
     return None if summary is None else summary | {"model_name": Path(summary["model"]).name}
 
 
-def _setting(params: dict[str, Any], checkpoint: str, key: str) -> Any:
-    """A setting a checkpoint trained with, as params.yaml resolves it (recipe, stage section, train)."""
-    section, recipe = {"nli": ("pretrain_nli", None), "joint": ("joint", None)}.get(
-        checkpoint, ("transfer", checkpoint.removeprefix("transfer-"))
-    )
-    stage = params.get(section) or {}
-    own = (stage.get(recipe) or {}) if recipe else {}
-    objective = own.get("objective", stage.get("objective"))
-    overlay = (
-        (stage.get({"tsdae": "tsdae", "distill": "distillation"}.get(objective, "")) or {}) if recipe else {}
-    )
-    return overlay.get(key, own.get(key, stage.get(key, (params.get("train") or {}).get(key))))
-
-
-def _lr(params: dict[str, Any], checkpoint: str) -> Any:
-    return _setting(params, checkpoint, "lr")
-
-
-def _objective(params: dict[str, Any], checkpoint: str) -> str:
-    """The objective, and for distillation the teacher it learned from."""
-    objective = _setting(params, checkpoint, "objective") or "contrastive"
-    if objective != "distill":
-        return str(objective)
-    teacher = (params.get("teacher") or {}).get("model")
-    stage = params.get("transfer") or {}
-    recipe = stage.get(checkpoint.removeprefix("transfer-")) or {}
-    settings = {
-        **((params.get("train") or {}).get("distill") or {}),
-        **(stage.get("distill") or {}),
-        **(recipe.get("distill") or {}),
-        **((stage.get("distillation") or {}).get("distill") or {}),
-    }
-    return f"distill from {teacher} ({settings.get('loss')}, examples {settings.get('examples')})"
+def _training_summary(params: dict[str, Any], checkpoint: str) -> str:
+    """The objective (for distillation, the teacher it learned from) and the lr ``checkpoint`` trained with, as
+    params.yaml resolves them for its stage (``sentcl.recipes``: what the stage itself builds its config from)."""
+    settings = checkpoint_settings(params, checkpoint)
+    objective = settings.get("objective") or "contrastive"
+    if objective == "distill":
+        teacher = (params.get("teacher") or {}).get("model")
+        distill = settings.get("distill") or {}
+        objective = f"distill from {teacher} ({distill.get('loss')}, examples {distill.get('examples')})"
+    return f"{objective}; lr {settings.get('lr')}"
 
 
 def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
@@ -260,7 +238,7 @@ def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
         facts["training"] = (
             f"{record.get('steps')} steps, selected step {record.get('best_step')} "
             f"(STS-B dev {record.get('stsb_dev_step0')} -> {record.get('stsb_dev_best')}); "
-            f"{_objective(params, name)}; lr {_lr(params, name)}; precision {precision}; "
+            f"{_training_summary(params, name)}; precision {precision}; "
             f"{record.get('examples'):,} examples"
         )
     return facts

@@ -276,3 +276,12 @@ class TeacherVectors:
             np.load(folder / VECTORS),
             json.loads((folder / META).read_text()),
         )
+
+    @classmethod
+    def load_covering(cls, folder: Path, texts: Sequence[str]) -> TeacherVectors:
+        """The stored vectors of a teacher (not ``none``) that has a vector for every one of ``texts``."""
+        teacher = cls.load(folder)
+        if teacher.meta.get("model") == "none":
+            raise TeacherError(f"{folder} holds no teacher (teacher.model is none)")
+        teacher.lookup(texts)
+        return teacher

@@ -41,6 +41,7 @@ from sentcl.model_pooling import ModelPooling
 from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
 from sentcl.precision import BF16_SETTINGS, describe_precision, use_bf16
 from sentcl.prompt import PromptSettings, PromptTraining
+from sentcl.recipes import PRESETS
 from sentcl.sts import STSEvaluator
 from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
 
@@ -51,41 +52,6 @@ OBJECTIVES = ("ce", "sup_simcse", "promptbert")
 TRANSFER_OBJECTIVES = ("contrastive", "tsdae", "promptbert", "distill")
 # Objectives that read (premise, entailment hypothesis, contradiction hypothesis) in nli mode.
 TRIPLET_OBJECTIVES = ("sup_simcse", "promptbert")
-# A preset is a published recipe's loss, views, temperature and dropout; it overrides those keys of its section.
-PRESETS: dict[str, dict[str, Any]] = {
-    # princeton-nlp/SimCSE run_unsup_example.sh: dropout as the only view, one-way InfoNCE, temperature 0.05.
-    "simcse": {
-        "loss": "info_nce",
-        "views": ("none", "none"),
-        "temperature": 0.05,
-        "encoder_dropout": True,
-        "alpha": 1.0,
-    },
-    # caskcsg/sentemb ESimCSE/run.sh (bert-base): word repetition as view 2, momentum queue of 160, 0.995.
-    "esimcse": {
-        "loss": "info_nce",
-        "views": ("none", "word_repetition"),
-        "temperature": 0.05,
-        "encoder_dropout": True,
-        "alpha": 1.0,
-        "queue_size": 160,
-        "momentum": 0.995,
-    },
-    # kongds/Prompt-BERT run.sh unsup-bert (transfer mode only): the two views of a sentence are the sentence
-    # under the two templates of ``prompt.templates``, each denoised by its own delta (``prompt.denoise``;
-    # --mask_embedding_sentence_delta), the training-only MLP head (--mlp_only_train), InfoNCE at --temp 0.05,
-    # BERT's dropout on (HF Trainer's train mode). The folder is saved with ``prompt.saved`` pooling.
-    "promptbert": {
-        "objective": "promptbert",
-        "loss": "info_nce",
-        "views": ("none", "none"),
-        "temperature": 0.05,
-        "encoder_dropout": True,
-        "alpha": 1.0,
-        "projection": True,
-        "queue_size": 0,
-    },
-}
 # Presets that only make sense in some modes (their objective reads sentences).
 PRESET_MODES = {"promptbert": ("transfer",)}
 OPTIMIZERS = ("adamw", "consert")

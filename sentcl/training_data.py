@@ -15,13 +15,12 @@ import torch
 
 from sentcl.domain import read_domain_text
 from sentcl.losses import NLI_LABEL_IDS
+from sentcl.recipes import INIT_NAMES
 from sentcl.senteval import consert_corpus
-from sentcl.texts import heldout_texts, inductive_texts
+from sentcl.texts import heldout_texts, inductive_texts, text_pairs
 
 # Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
 STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
-# The pipeline's own checkpoints, by the name a stage's --init takes.
-INIT_NAMES = ("base", "nli", "joint")
 # transfer.texts: which unlabeled text the transfer stage trains on (README "Target text").
 TEXT_CHOICES = ("heldout", "consert", "inductive")
 
@@ -94,6 +93,89 @@ def count_truncated(texts: list[str], tokenizer: Any, max_length: int) -> int:
     them there, as every anchor does (SentenceTransformer's ``max_seq_length``, ConSERT's ``max_seq_length``)."""
     lengths = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
     return sum(len(ids) > max_length for ids in lengths)
+
+
+def sentence_room(tokenizer: Any, config: Any) -> int:
+    """How many tokens (special tokens included) of a sentence the model reads: ``config.max_length``, or inside
+    PromptBERT's longest template the room the template leaves (the sentence is cut, never the template)."""
+    if config.objective != "promptbert":
+        return config.max_length
+    from sentcl.prompt import template_ids
+
+    # count_truncated counts [CLS] and [SEP]; the template holds them, and the sentence gets the rest.
+    template = max(template_ids(tokenizer, t).length for t in config.prompt.templates)
+    return config.max_length - template + 2
+
+
+def say_truncated(texts: list[str], tokenizer: Any, max_length: int, config: Any, log: logging.Logger) -> int:
+    """Count (and say on ``log``) how many sentences the tokenizer will cut at ``max_length`` tokens
+    (``sentence_room``)."""
+    truncated = count_truncated(texts, tokenizer, max_length)
+    if truncated:
+        log.info(
+            "%d of %d sentences are longer than %d tokens (model.max_length %d%s): truncated there, as the "
+            "tokenizer does everywhere",
+            truncated,
+            len(texts),
+            max_length,
+            config.max_length,
+            ", less the prompt template" if config.objective == "promptbert" else "",
+        )
+    return truncated
+
+
+def training_text(
+    choice: str,
+    pairs: pd.DataFrame,
+    nli: pd.DataFrame,
+    raw: Path,
+    init: str,
+    config: Any,
+    max_texts: int | str | None,
+    log: logging.Logger,
+) -> tuple[list[str], int]:
+    """A transfer run's text: ``transfer_texts`` (token identity by ``init``'s tokenizer, within the model's
+    ``sentence_room``), the few-shot sample of ``max_texts`` (seeded by ``config.seed``), and how many of it the
+    tokenizer cuts."""
+    from transformers import AutoTokenizer
+
+    from sentcl.encoder import resolve_model_path
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
+    max_length = sentence_room(tokenizer, config)
+    texts = transfer_texts(choice, pairs, nli, raw, tokenizer, max_length, log)
+    texts = limit_texts(texts, max_texts, config.seed)
+    return texts, say_truncated(texts, tokenizer, max_length, config, log)
+
+
+def distill_examples(
+    kind: str,
+    choice: str,
+    texts: list[str],
+    teacher: Any,
+    pairs: pd.DataFrame,
+    nli: pd.DataFrame,
+    log: logging.Logger,
+) -> list[Any]:
+    """What objective distill trains on (``train.distill.examples``): the sentences; each with its nearest teacher
+    neighbour (``sentcl.distill.neighbour_pairs``); or the ``choice`` text's unlabeled pairs
+    (``sentcl.texts.text_pairs``; a text without them: ``TextChoiceError``)."""
+    if teacher is None:
+        return texts
+    if kind == "neighbours":
+        from sentcl.distill import neighbour_pairs
+
+        examples = neighbour_pairs(texts, teacher)
+        log.info("distill: %d (sentence, nearest teacher neighbour) pairs", len(examples))
+        return examples
+    if kind == "pairs":
+        try:
+            examples = text_pairs(choice, pairs, nli, texts)
+        except ValueError as exc:
+            raise TextChoiceError(f"train.distill.examples pairs: {exc}") from None
+        log.info("distill: %d unlabeled pairs of the %s text (scores never read)", len(examples), choice)
+        return examples
+    return texts
 
 
 def limit_texts(texts: list[str], max_texts: int | str | None, seed: int) -> list[str]:

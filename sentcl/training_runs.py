@@ -8,7 +8,6 @@ import json
 import logging
 import os
 import shutil
-from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from sentcl.encoder import Encoder
-from sentcl.train import TrainConfig, TrainResult
+from sentcl.train import TrainConfig, Trainer, TrainResult
 
 
 def init_distributed() -> None:
@@ -35,25 +34,34 @@ def leave_distributed() -> None:
         torch.distributed.destroy_process_group()
 
 
-def config_sections(
-    params: dict[str, Any],
-    section: str,
-    overrides: dict[str, Any] | None,
-    recipe: str | Sequence[str] | None,
-    stage_keys: tuple[str, ...],
-) -> list[tuple[str, dict[str, Any]]]:
-    """``TrainConfig.from_sections``'s input, in order: the top-level ``seed`` and ``model.max_length``,
-    ``train``, the stage's section without its ``stage_keys``, its ``recipe`` subsections, the CLI overrides."""
-    own = {k: v for k, v in (params.get(section) or {}).items() if k not in stage_keys}
-    sections = [
-        ("top level", {"seed": params["seed"], "max_length": params["model"]["max_length"]}),
-        ("train", params.get("train") or {}),
-        (section, own),
-    ]
-    for name in [recipe] if isinstance(recipe, str) else recipe or ():
-        sections.append((f"{section}.{name}", (params.get(section) or {}).get(name) or {}))
-    sections.append(("command line", {k: v for k, v in (overrides or {}).items() if v is not None}))
-    return sections
+def fit(
+    config: TrainConfig,
+    init: str,
+    examples: list[Any],
+    dev_pairs: list[tuple[str, str, float]],
+    checkpoints: Path,
+    root: Path,
+    domain_dev: list[tuple[str, str, float]] | None = None,
+    max_task_drop: float | None = None,
+    summary: dict[str, Any] | None = None,
+    teacher: Any = None,
+) -> tuple[Encoder, Trainer, TrainResult, dict[str, Any]]:
+    """Train ``init`` on ``examples`` (resume state in ``checkpoints``); the encoder, the trainer, its result and
+    the run's final metrics (``run_metrics``)."""
+    encoder = Encoder.from_pretrained(init, max_length=config.max_length)
+    trainer = Trainer(
+        encoder,
+        config,
+        examples,
+        dev_pairs,
+        checkpoints,
+        domain_dev=domain_dev,
+        max_task_drop=max_task_drop,
+        teacher=teacher,
+    )
+    result = trainer.fit()
+    metrics = run_metrics(result, init, root, len(examples), trainer.autocast, summary)
+    return encoder, trainer, result, metrics
 
 
 def tracked_params(params: dict[str, Any], config: TrainConfig) -> dict[str, Any]:
@@ -146,6 +154,24 @@ def log_result(
             "%s: selected on the domain dev set: %.2f at step 0, %.2f selected (STS-B guard: -%s)",
             *(stage, result.domain_init, result.domain_best, max_task_drop),
         )
+
+
+def write_run(
+    log: logging.Logger,
+    stage: str,
+    encoder: Encoder,
+    output: Path,
+    result: TrainResult,
+    metrics: dict[str, Any],
+    metrics_dir: Path,
+    max_task_drop: float | None,
+) -> tuple[Path, dict[str, float]]:
+    """A finished run's outputs: the model folder, the curves and metrics records, the log lines; returns the
+    curves file and the numeric metrics (what the tracker records)."""
+    save_encoder(encoder, output)
+    curves = write_records(stage, result.rows, metrics, metrics_dir)
+    log_result(log, stage, output, metrics_dir, result, max_task_drop)
+    return curves, {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
 
 
 def records_dirs(

@@ -18,61 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from flows.common import FlowConfig
+from sentcl import params_check as rules
 from sentcl.domain import retrain_method
-from sentcl.fast_encode import BACKENDS
 from sentcl.fetching import FetchConfig
-from sentcl.model_pooling import POOLINGS, PromptSettings
+from sentcl.params_check import SECTIONS
 from sentcl.registry import GateConfig
 from sentcl.teacher import TeacherConfig
-from sentcl.training_data import INIT_NAMES, TEXT_CHOICES
+from sentcl.training_data import INIT_NAMES
 from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
 from stages.training import stage_config
 from stages.transfer import transfer_config
-
-SECTIONS = (
-    "seed",
-    "model",
-    "data",
-    "train",
-    "pretrain_nli",
-    "joint",
-    "transfer",
-    "teacher",
-    "retrain",
-    "evaluate",
-    "registry",
-    "flows",
-    "tracking",
-)
-EVALUATE_KEYS = ("pooling", "prompt", "backend", "max_tokens", "checkpoints")
-
-
-class ParamsError(ValueError):
-    """One line naming the key and the rule."""
-
-
-def _check_top(params: dict[str, Any]) -> None:
-    unknown = sorted(set(params) - set(SECTIONS))
-    if unknown:
-        raise ParamsError(f"params.yaml: unknown section {unknown[0]!r} (known: {', '.join(SECTIONS)})")
-    missing = [s for s in SECTIONS if s not in params]
-    if missing:
-        raise ParamsError(f"params.yaml: section {missing[0]!r} is missing")
-    if isinstance(params["seed"], bool) or not isinstance(params["seed"], int):
-        raise ParamsError(f"params.yaml: seed must be an integer, got {params['seed']!r}")
-
-
-def _check_model(params: dict[str, Any]) -> None:
-    model = params["model"]
-    if not isinstance(model, dict) or sorted(model) != ["max_length", "name"]:
-        keys = sorted(model) if isinstance(model, dict) else model
-        raise ParamsError(f"params.yaml: model must have exactly the keys name and max_length, got {keys!r}")
-    if not isinstance(model["name"], str) or not model["name"].strip():
-        raise ParamsError(f"params.yaml: model.name must be a model id or folder, got {model['name']!r}")
-    length = model["max_length"]
-    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-        raise ParamsError(f"params.yaml: model.max_length must be an integer >= 2, got {length!r}")
 
 
 def _check_training(params: dict[str, Any]) -> None:
@@ -82,55 +38,17 @@ def _check_training(params: dict[str, Any]) -> None:
     for recipe in INIT_NAMES:
         transfer_config(params, recipe, {})
     transfer_config(params, "base", {"objective": "tsdae"})  # the retrain flow's TSDAE runs
-    section = params["transfer"]
-    texts = section.get("texts")
-    if texts not in TEXT_CHOICES and not (isinstance(texts, str) and Path(texts).exists()):
-        raise ParamsError(
-            f"params.yaml: transfer.texts {texts!r} is neither one of {', '.join(TEXT_CHOICES)} nor a file or folder"
-        )
-    limit = section.get("max_texts")
-    if limit not in (None, "all") and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ParamsError(f"params.yaml: transfer.max_texts must be a positive integer or all, got {limit!r}")
-
-
-def _check_evaluate(params: dict[str, Any]) -> None:
-    section = params["evaluate"]
-    if not isinstance(section, dict):
-        raise ParamsError("params.yaml: section 'evaluate' is not a mapping")
-    unknown = sorted(set(section) - set(EVALUATE_KEYS))
-    if unknown:
-        raise ParamsError(
-            f"params.yaml: unknown key {unknown[0]!r} in section 'evaluate' (known: {', '.join(EVALUATE_KEYS)})"
-        )
-    if section.get("pooling", "last-avg") not in POOLINGS:
-        raise ParamsError(
-            f"params.yaml: evaluate.pooling {section['pooling']!r} is not one of {', '.join(POOLINGS)}"
-        )
-    if section.get("backend", "onnx") not in BACKENDS:
-        raise ParamsError(
-            f"params.yaml: evaluate.backend {section['backend']!r} is not one of {', '.join(BACKENDS)}"
-        )
-    tokens = section.get("max_tokens", 512)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ParamsError(f"params.yaml: evaluate.max_tokens must be a positive integer, got {tokens!r}")
-    checkpoints = section.get("checkpoints", [])
-    if not isinstance(checkpoints, list) or not all(isinstance(c, str) for c in checkpoints):
-        raise ParamsError(f"params.yaml: evaluate.checkpoints must be a list of names, got {checkpoints!r}")
-    if "prompt" in section:
-        try:
-            PromptSettings(**(section["prompt"] or {}))
-        except (TypeError, ValueError) as exc:
-            raise ParamsError(f"params.yaml: evaluate.prompt: {exc}") from exc
+    rules.check_transfer_text(params)
 
 
 CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
-    ("top level", _check_top),
-    ("model", _check_model),
+    ("top level", rules.check_top),
+    ("model", rules.check_model),
     ("data", FetchConfig.from_params),
     ("training", _check_training),
     ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
-    ("evaluate", _check_evaluate),
+    ("evaluate", rules.check_evaluate),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
     ("tracking", TrackingConfig.from_params),

@@ -47,20 +47,21 @@ def load_params(path: Path | None = None) -> dict[str, Any]:
         with open(file) as f:
             params = params_yaml.load(f)
     except FileNotFoundError:
-        _fail(f"{label}: no such params file")
+        fail(f"{label}: no such params file")
     except (OSError, UnicodeDecodeError) as exc:
-        _fail(f"{label}: cannot be read ({exc.__class__.__name__}: {exc})")
+        fail(f"{label}: cannot be read ({exc.__class__.__name__}: {exc})")
     except params_yaml.yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
-        _fail(f"{label}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})")
+        fail(f"{label}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})")
     if not isinstance(params, dict):
-        _fail(f"{label}: must be a mapping of sections, got {type(params).__name__}")
+        fail(f"{label}: must be a mapping of sections, got {type(params).__name__}")
     _loaded[id(params)] = (params, label)
     return params
 
 
-def _fail(message: str) -> NoReturn:
+def fail(message: str) -> NoReturn:
+    """Bad input: one line on stderr, exit code 2 (EXIT_BAD_INPUT)."""
     print(message, file=sys.stderr)
     raise SystemExit(EXIT_BAD_INPUT)
 

@@ -26,18 +26,12 @@ from typing import Any
 from sentcl import model_evaluation as scoring
 from sentcl.encoder import resolve_model_path
 from sentcl.evaluation import load_benchmark
-from sentcl.fast_encode import BACKENDS, DEFAULT_MAX_TOKENS
+from sentcl.fast_encode import BACKENDS
 from sentcl.model_pooling import POOLINGS
 from stages.common import METRICS, MODELS, RAW, load_params, missing_model, offline_hub
 
 log = logging.getLogger("stages.evaluate")
-CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")
-DEFAULTS: dict[str, Any] = {
-    "pooling": "last-avg",
-    "backend": "onnx",
-    "max_tokens": DEFAULT_MAX_TOKENS,
-    "checkpoints": list(CHECKPOINTS),
-}
+CHECKPOINTS = scoring.CHECKPOINTS
 
 
 def run_pipeline(
@@ -51,7 +45,7 @@ def run_pipeline(
     Each checkpoint is scored with its own pooling (``model_pooling``) unless ``pooling`` is given."""
     from sentcl_mlflow.runs import log_stage, sts_metrics
 
-    settings = DEFAULTS | (params.get("evaluate") or {})
+    settings = scoring.stage_settings(params)
     folders = {name: MODELS / name for name in settings["checkpoints"]}
     poolings = scoring.checkpoint_poolings(folders, settings, pooling, prompt_flags)
     pooling, backend = pooling or settings["pooling"], backend or settings["backend"]
@@ -121,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_standalone(args: argparse.Namespace, params: dict[str, Any], prompt_flags: dict[str, Any]) -> int:
     """``--model``: the standalone JSON of each model (a mapping for NAME=DIR), to --output or stdout."""
-    settings = DEFAULTS | (params.get("evaluate") or {})
+    settings = scoring.stage_settings(params)
     models, as_mapping = scoring.parse_models(args.model)
     for folder in models.values():
         problem = scoring.not_a_model_folder(folder) or missing_model(resolve_model_path(folder))
@@ -129,23 +123,8 @@ def run_standalone(args: argparse.Namespace, params: dict[str, Any], prompt_flag
             print(f"evaluate: --model {problem}", file=sys.stderr)
             return 2
     benchmark = load_benchmark(args.data, with_dev=not args.no_dev)
-    backend, max_tokens = args.backend or settings["backend"], int(settings["max_tokens"])
-    results: dict[str, Any] = {}
-    for name, folder in models.items():
-        if not Path(resolve_model_path(folder)).exists() and not Path(folder).exists():
-            log.warning("evaluate: %s is not a local folder; trying it as a Hugging Face id", folder)
-        chosen = scoring.model_pooling(folder, settings, args.pooling, prompt_flags)
-        results[name] = scoring.evaluate_model(
-            folder,
-            benchmark,
-            chosen.pooling,
-            backend,
-            max_length=args.max_length,
-            max_tokens=max_tokens,
-            progress=not args.no_progress,
-            prompt=chosen.prompt,
-        )
-        log.info(scoring.summary_line(name, results[name]))
+    flags = (args.pooling, prompt_flags, args.backend, args.max_length, not args.no_progress)
+    results = scoring.score_models(models, benchmark, settings, *flags, log)
     text = json.dumps(results if as_mapping else next(iter(results.values())), indent=2) + "\n"
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)

