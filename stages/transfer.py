@@ -4,7 +4,7 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
 ``nli`` (sup-unsup) and ``joint`` (joint-unsup). A retraining flow runs it on any model folder and text::
 
     python -m stages.transfer --init base|nli|joint|PATH --texts FILE_OR_FOLDER --output DIR [--max-texts N]
-                              [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae] [--preset promptbert]
+                              [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae|distill] [--preset promptbert]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences without
 any sentence token-identical to an STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus),
@@ -13,16 +13,14 @@ sentence a line) or a folder of them. Each init has its own recipe (``transfer.b
 ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three scripts differ); a
 model folder uses ``--recipe`` (default ``base``).
 
-``--objective`` (default ``transfer.objective``): ``contrastive`` trains on two views of each sentence;
-``tsdae`` (denoising auto-encoder, ``sentcl.objectives.TSDAE``) adds the ``transfer.tsdae`` recipe over the
-init's. TSDAE then contrastive is two runs, the second with ``--init`` the first's output.
+``--objective`` (default: the recipe's, ``sentcl.recipes``): ``contrastive`` (two views of each sentence), ``tsdae``
+(``transfer.tsdae`` over the init's recipe) or ``distill`` (``transfer.distillation`` over it).
 
 ``--preset`` (default ``transfer.preset``): a published recipe over the init's (``sentcl.recipes.PRESETS``);
 ``--preset promptbert`` is PromptBERT's unsupervised training (two templates, each denoised, InfoNCE at 0.05,
 params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
-``--objective distill`` (``sentcl.distill``, settings ``train.distill``) learns from the teacher's vectors of the
-same text, stored by the teacher stage (``--teacher-vectors``, default data/teacher).
+``distill`` learns from the teacher stage's vectors of the same text (``--teacher-vectors``, default data/teacher).
 
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
 set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_dev_drop`` below the init.
