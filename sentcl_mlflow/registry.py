@@ -45,6 +45,14 @@ from sentcl.registry import (
 )
 from sentcl_mlflow import runs
 from sentcl_mlflow.errors import describe, unreachable
+from sentcl_mlflow.pyfunc_checks import (  # the checks a logged model also runs on itself when it loads
+    TAG_MANIFEST,
+    ModelTamperedError,
+    WeightsMismatchError,
+    check_manifest,
+    file_sha256,
+    files_manifest,
+)
 from sentcl_mlflow.store import (
     EXPERIMENT,
     TrackingAuthError,
@@ -90,20 +98,6 @@ __all__ = [
     "PromotionLeaseDenied",
     "PromotionLeaseLost",
 ]
-
-
-class WeightsMismatchError(RuntimeError):
-    """A downloaded version's weights do not hash to the sha256 recorded when it was registered."""
-
-
-class ModelTamperedError(WeightsMismatchError):
-    """A downloaded version's files (any of them: weights, tokenizer, MLmodel, the serving code) differ from
-    the manifest recorded when it was registered; nothing of it is loaded."""
-
-
-# Every file of the logged model, {relative path: sha256}, recorded on the version at registration (a tag
-# only accounts with EDIT on the registered model can write: the gate, for production).
-TAG_MANIFEST = "sentcl.manifest"
 
 
 class NoChampionError(LookupError):
@@ -528,29 +522,6 @@ def _register_locked(
     return version, True
 
 
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-# What MLflow itself writes beside a downloaded registered version (its name and version), not the model's.
-DOWNLOAD_META = "registered_model_meta"
-
-
-def files_manifest(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root``, by its path relative to it."""
-    return {
-        p.relative_to(root).as_posix(): file_sha256(p)
-        for p in sorted(Path(root).rglob("*"))
-        if p.is_file() and p.relative_to(root).as_posix() != DOWNLOAD_META
-    }
-
-
 def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[str, str]:
     """The manifest of what ``model_uri`` holds now, read back from the store; its weights must still be the
     ones measured before the upload (``weights_sha256``), so a file swapped in between is not recorded."""
@@ -573,21 +544,6 @@ def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[st
                     f"not {weights_sha256[:12]}... measured before the upload; not registering them"
                 )
     return manifest
-
-
-def check_manifest(root: Path, expected: Mapping[str, str], what: str) -> None:
-    """Raise :class:`ModelTamperedError` unless the files under ``root`` are exactly ``expected``."""
-    actual = files_manifest(root)
-    changed = sorted(k for k in expected.keys() & actual.keys() if expected[k] != actual[k])
-    missing = sorted(expected.keys() - actual.keys())
-    extra = sorted(actual.keys() - expected.keys())
-    for label, names in (("changed", changed), ("missing", missing), ("added", extra)):
-        if names:
-            more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
-            raise ModelTamperedError(
-                f"{what}: {names[0]}{more} {label} since registration (manifest sha256 mismatch); "
-                "refusing to load it"
-            )
 
 
 def json_dumps(value: Any) -> str:
