@@ -37,8 +37,11 @@ _ended_on: list[BaseException] = []
 
 
 def _expected(error: BaseException) -> bool:
+    from flows.common import prefect_unreachable
     from sentcl_mlflow.errors import one_line
 
+    if prefect_unreachable(error) is not None:  # the Prefect server died mid-run: one line, exit 75
+        return True
     return isinstance(error, LookupError | registry.WeightsMismatchError) or (
         isinstance(error, Exception) and one_line("promote", error) is not None
     )
