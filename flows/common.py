@@ -248,7 +248,8 @@ def run_tags_env(tags: dict[str, str]) -> dict[str, str]:
 
 def check_prefect_api(timeout_s: float = 5) -> None:
     """With PREFECT_API_URL set, the server must answer (and accept PREFECT_API_AUTH_STRING) before a flow
-    starts: otherwise one line, not a minute of retries and a traceback."""
+    starts: otherwise one line, not a minute of retries and a traceback. A server that does not answer (or
+    answers 5xx) is :class:`PrefectUnavailable` (exit 75: try again); a refused auth string exits 2."""
     import base64
     import urllib.error
     import urllib.request
@@ -270,24 +271,43 @@ def check_prefect_api(timeout_s: float = 5) -> None:
             ) from None
         if e.code < 500:
             return
-        raise ServiceUnavailable(f"Prefect API {url} answers {e.code}; is the server healthy?") from None
+        raise PrefectUnavailable(f"Prefect API {url} answers {e.code}; is the server healthy?") from None
     except (OSError, urllib.error.URLError) as e:
-        raise ServiceUnavailable(
+        raise PrefectUnavailable(
             f"Prefect API {url} is unreachable ({getattr(e, 'reason', e)}): start it (make serve) or unset "
             "PREFECT_API_URL to run without a server"
         ) from None
 
 
 class ServiceUnavailable(Exception):
-    """A server the command needs did not answer, or refused its credentials."""
+    """A server the command needs refused its credentials (exit 2)."""
 
-    pass
+
+class PrefectUnavailable(ServiceUnavailable):
+    """The Prefect API did not answer (refused, reset, timed out, 5xx): trying again later may work (75)."""
+
+
+def prefect_unreachable(error: BaseException) -> BaseException | None:
+    """The Prefect client's failed connection behind ``error`` (Prefect talks httpx; MLflow, requests), or
+    None. A 5xx answer counts: a server shutting down or restarting answers 503."""
+    import httpx
+
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, httpx.TransportError):
+            return error
+        if isinstance(error, httpx.HTTPStatusError) and error.response.status_code >= 500:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
 
 
 @contextmanager
 def cli_errors(name: str) -> Iterator[None]:
     """One line instead of a traceback: exit 2 for what a person must act on (no champion, bad credentials,
-    a refused account), 75 when trying again may work (MLflow died or hung, the lease stayed busy)."""
+    a refused account), 75 when trying again may work (MLflow or Prefect died or hung, the lease stayed
+    busy)."""
     from mlflow.exceptions import MlflowException
 
     from sentcl.registry import RegistryConfigError
@@ -295,8 +315,12 @@ def cli_errors(name: str) -> Iterator[None]:
     from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
+    _quiet_prefect_outages()
     try:
         yield
+    except PrefectUnavailable as e:
+        print(f"{name}: {e} (exit {EXIT_TRANSIENT}: try again)", file=sys.stderr)
+        raise SystemExit(EXIT_TRANSIENT) from None
     except (TrackingUnavailableError, PromotionLockTimeout) as e:
         raise SystemExit(_say(one_line(name, e))) from None  # try again later: 75, as the stages
     except (
@@ -312,10 +336,56 @@ def cli_errors(name: str) -> Iterator[None]:
         if isinstance(e, MlflowException) and e.error_code == "RESOURCE_DOES_NOT_EXIST":
             print(f"{name}: {e.message}", file=sys.stderr)  # "--version 12": say it, no traceback
             raise SystemExit(2) from None
+        lost = prefect_unreachable(e)  # the Prefect server died or hung mid-run: before MLflow's check,
+        if lost is not None:  # whose socket errors deep in httpx's chain would name the wrong server
+            _drop_unsent_prefect_logs()
+            print(
+                f"{name}: Prefect API {os.environ.get('PREFECT_API_URL')} stopped answering "
+                f"({type(lost).__name__}) (exit {EXIT_TRANSIENT}: try again)",
+                file=sys.stderr,
+            )
+            raise SystemExit(EXIT_TRANSIENT) from None
         known = one_line(name, e)  # the server died or hung mid-call (75), refused the account (2)
         if known is None:
             raise
         raise SystemExit(_say(known)) from None
+
+
+class _NoOutageTraceback:
+    """A logging filter: a record whose exception is the Prefect server gone (the engine failing to report
+    a state to it) keeps its message and loses its traceback; the CLI ends with one line saying so."""
+
+    def filter(self, record) -> bool:  # noqa: ANN001 (a logging.LogRecord)
+        error = record.exc_info[1] if record.exc_info else None
+        if error is not None and prefect_unreachable(error) is not None:
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+def _quiet_prefect_outages() -> None:
+    import logging
+
+    for name in ("prefect.flow_runs", "prefect.task_runs"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _NoOutageTraceback) for f in logger.filters):
+            logger.addFilter(_NoOutageTraceback())
+
+
+def _drop_unsent_prefect_logs() -> None:
+    """With the Prefect server gone, the flow run's log lines still queued for its API cannot be sent:
+    Prefect's log worker would print "--- Error logging to API ---" for them at exit, after the one line.
+    Drained here, with what it writes to stderr dropped (it only says that the same server is gone)."""
+    import contextlib
+
+    try:
+        from prefect.logging.handlers import APILogWorker
+    except ImportError:
+        return
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            APILogWorker.drain_all(timeout=10)
+        except Exception:  # noqa: BLE001 (best effort: the one line below is what matters)
+            pass
 
 
 def _say(known: tuple[int, str] | None) -> int:

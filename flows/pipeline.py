@@ -78,9 +78,10 @@ def main(argv: list[str] | None = None) -> int:
         "--stage-timeout", type=float, help="seconds per stage (default flows.stage_timeout_s)"
     )
     args = parser.parse_args(argv)
-    from flows.common import cli_errors
+    from flows.common import check_prefect_api, cli_errors
 
     with cli_errors("pipeline"):
+        check_prefect_api()
         pipeline(stages=args.stage, force=args.force, stage_timeout_s=args.stage_timeout)
     return 0
 

@@ -37,8 +37,11 @@ _ended_on: list[BaseException] = []
 
 
 def _expected(error: BaseException) -> bool:
+    from flows.common import prefect_unreachable
     from sentcl_mlflow.errors import one_line
 
+    if prefect_unreachable(error) is not None:  # the Prefect server died mid-run: one line, exit 75
+        return True
     return isinstance(error, LookupError | registry.WeightsMismatchError) or (
         isinstance(error, Exception) and one_line("promote", error) is not None
     )
@@ -105,7 +108,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", help="registered model (default: params registry.model_name)")
     parser.add_argument("--rollback", action="store_true", help="give champion back to the previous champion")
     parser.add_argument("--reason", default="manual rollback", help="why (recorded on both versions)")
-    parser.add_argument("--by", default=None, help="who (default: $SENTCL_ACTOR or the login name)")
+    parser.add_argument(
+        "--by",
+        default=None,
+        help="a note of who asked (default $SENTCL_ACTOR), recorded as *_by_note and not verified; who acted is "
+        "recorded from the MLflow account the server authenticated",
+    )
     parser.add_argument(
         "--force",
         action="store_true",

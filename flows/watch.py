@@ -105,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Emit a Prefect event when domain text lands in a folder.")
     parser.add_argument("--folder", type=Path, default=ROOT / "inbox")
     args = parser.parse_args(argv)
+    from flows.common import check_prefect_api, cli_errors
+
+    with cli_errors("watch"):  # the events go to that server: it must answer now (75 when it does not)
+        check_prefect_api()
     observer = watch(args.folder)
     print(f"watch: watching {args.folder.resolve()} for new domain text", flush=True)
     try:

@@ -45,10 +45,19 @@ from sentcl.registry import (
 )
 from sentcl_mlflow import runs
 from sentcl_mlflow.errors import describe, unreachable
+from sentcl_mlflow.pyfunc_checks import (  # the checks a logged model also runs on itself when it loads
+    TAG_MANIFEST,
+    ModelTamperedError,
+    WeightsMismatchError,
+    check_manifest,
+    file_sha256,
+    files_manifest,
+)
 from sentcl_mlflow.store import (
     EXPERIMENT,
     TrackingAuthError,
     TrackingUnavailableError,
+    caller_identity,
     client,
     git_commit,
     load_params_file,
@@ -92,20 +101,6 @@ __all__ = [
 ]
 
 
-class WeightsMismatchError(RuntimeError):
-    """A downloaded version's weights do not hash to the sha256 recorded when it was registered."""
-
-
-class ModelTamperedError(WeightsMismatchError):
-    """A downloaded version's files (any of them: weights, tokenizer, MLmodel, the serving code) differ from
-    the manifest recorded when it was registered; nothing of it is loaded."""
-
-
-# Every file of the logged model, {relative path: sha256}, recorded on the version at registration (a tag
-# only accounts with EDIT on the registered model can write: the gate, for production).
-TAG_MANIFEST = "sentcl.manifest"
-
-
 class NoChampionError(LookupError):
     """Nothing is registered as champion (yet)."""
 
@@ -142,8 +137,14 @@ def run_experiment(model_name: str, config: GateConfig | None = None) -> str:
     return production_experiment() if model_name == config.model_name else EXPERIMENT
 
 
-def _actor(actor: str | None) -> str:
-    return actor or os.environ.get("SENTCL_ACTOR") or getpass.getuser()
+def _note(note: str | None) -> str | None:
+    """What the caller says about who asked (``--by NAME``, else ``$SENTCL_ACTOR``): free text that nothing
+    checks, recorded only as a labelled note beside the authenticated account (``store.caller_identity``)."""
+    return note or os.environ.get("SENTCL_ACTOR") or None
+
+
+def _who(identity: str, note: str | None) -> str:
+    return f"{identity} (--by {note}, not verified)" if note else identity
 
 
 def _now() -> str:
@@ -252,7 +253,7 @@ def promotion_lock(
     wait_s = LOCK_WAIT_S if wait_s is None else wait_s
     lease_s = LEASE_S if lease_s is None else lease_s
     lease_model = _lease_model(mlc, name)
-    owner = f"{socket.gethostname()}:{os.getpid()}:{_actor(None)}"
+    owner = f"{socket.gethostname()}:{os.getpid()}:{getpass.getuser()}"
     try:
         token = str(
             mlc.create_model_version(
@@ -528,29 +529,6 @@ def _register_locked(
     return version, True
 
 
-def file_sha256(path: Path) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-# What MLflow itself writes beside a downloaded registered version (its name and version), not the model's.
-DOWNLOAD_META = "registered_model_meta"
-
-
-def files_manifest(root: Path) -> dict[str, str]:
-    """sha256 of every file under ``root``, by its path relative to it."""
-    return {
-        p.relative_to(root).as_posix(): file_sha256(p)
-        for p in sorted(Path(root).rglob("*"))
-        if p.is_file() and p.relative_to(root).as_posix() != DOWNLOAD_META
-    }
-
-
 def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[str, str]:
     """The manifest of what ``model_uri`` holds now, read back from the store; its weights must still be the
     ones measured before the upload (``weights_sha256``), so a file swapped in between is not recorded."""
@@ -573,21 +551,6 @@ def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[st
                     f"not {weights_sha256[:12]}... measured before the upload; not registering them"
                 )
     return manifest
-
-
-def check_manifest(root: Path, expected: Mapping[str, str], what: str) -> None:
-    """Raise :class:`ModelTamperedError` unless the files under ``root`` are exactly ``expected``."""
-    actual = files_manifest(root)
-    changed = sorted(k for k in expected.keys() & actual.keys() if expected[k] != actual[k])
-    missing = sorted(expected.keys() - actual.keys())
-    extra = sorted(actual.keys() - expected.keys())
-    for label, names in (("changed", changed), ("missing", missing), ("added", extra)):
-        if names:
-            more = f" (+{len(names) - 1} more)" if len(names) > 1 else ""
-            raise ModelTamperedError(
-                f"{what}: {names[0]}{more} {label} since registration (manifest sha256 mismatch); "
-                "refusing to load it"
-            )
 
 
 def json_dumps(value: Any) -> str:
@@ -647,7 +610,7 @@ def register_and_gate(
         result: dict[str, Any] = {"model": name, "version": version, "created": created}
         if gate:
             result["gate"] = _gate_locked(
-                mlc, name, version, config, _actor(actor), domain, None, True, lease
+                mlc, name, version, config, (caller_identity(), _note(actor)), domain, False, True, lease
             )
         if created:
             mlc.set_model_version_tag(name, version, TAG_STATE, READY)
@@ -664,13 +627,16 @@ def _gate_locked(
     name: str,
     version: str | None,
     config: GateConfig,
-    actor: str,
+    caller: tuple[str, str | None],
     domain: Mapping[str, Any] | None,
-    forced_by: str | None,
+    forced: bool,
     in_registration: bool,
     lease: Lease | None = None,
 ) -> dict[str, Any]:
+    """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None)."""
     started = time.time()
+    identity, note = caller
+    forced_by = _who(identity, note) if forced else None
     cand = mlc.get_model_version(name, version) if version else _version_or_none(mlc, name, CHALLENGER)
     if cand is None:
         raise LookupError(f"no {CHALLENGER!r} version of {name!r} to gate; run the export stage first")
@@ -734,10 +700,12 @@ def _gate_locked(
         "gate.min_delta": str(config.min_delta),
         "gate.max_dev_drop": str(config.max_dev_drop),
         "gate.at": _now(),
-        "gate.by": actor,
+        "gate.by": identity,  # the account the server authenticated, never free text
     }
-    if forced_by:
-        gate_tags["gate.forced_by"] = forced_by
+    if note:
+        gate_tags["gate.by_note"] = note  # --by: what the caller says, not verified
+    if forced:
+        gate_tags["gate.forced_by"] = identity
     for (
         key,
         value,
@@ -768,7 +736,8 @@ def promote(
     The champion is read after the lease is taken, so two gates cannot both promote against a stale champion.
     ``domain`` = ``{"challenger": x, "champion": y, "champion_version": v}``: both models scored on the same
     domain dev set; it only counts while ``v`` is still the champion. ``force`` (with a named ``actor``)
-    lifts the rolled-back block, never the score rules.
+    lifts the rolled-back block, never the score rules. ``actor`` (``--by``) is recorded as a note
+    (``gate.by_note``); who promoted is the authenticated account (``gate.by``, ``gate.forced_by``).
     """
     if force and not actor:
         raise ValueError("--force needs the name of the person forcing it (--by NAME)")
@@ -777,9 +746,8 @@ def promote(
     mlc = client()
     with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
-        result = _gate_locked(
-            mlc, name, version, config, _actor(actor), domain, actor if force else None, False, lease
-        )
+        caller = (caller_identity(), _note(actor))
+        result = _gate_locked(mlc, name, version, config, caller, domain, force, False, lease)
     print(format_decision(result))
     return result
 
@@ -799,10 +767,12 @@ def rollback(
     name: str | None = None, actor: str | None = None, reason: str = "manual rollback"
 ) -> dict[str, Any]:
     """Give ``champion`` back to the version it replaced. The demoted version is tagged ``rolled_back`` (no
-    gate promotes it, or its weights, again without ``--force``) and loses ``challenger`` if it held it."""
+    gate promotes it, or its weights, again without ``--force``) and loses ``challenger`` if it held it. Who rolled
+    back is the authenticated account (``rolled_back_by``); ``actor`` (``--by``) is an unverified note."""
     name = name or gate_config().model_name
-    actor = _actor(actor)
     mlc = client()
+    identity, note = caller_identity(), _note(actor)
+    by = {"_by": identity, **({"_by_note": note} if note else {})}
     with promotion_lock(name, mlc=mlc) as lease:
         champ = _version_or_none(mlc, name, CHAMPION)
         if champ is None:
@@ -814,7 +784,7 @@ def rollback(
         # Marked first: from here on no gate can promote it, whatever happens to the rest of this call.
         for key, value in {
             TAG_ROLLED_BACK: "true",
-            "rolled_back_by": actor,
+            **{f"rolled_back{k}": v for k, v in by.items()},
             "rolled_back_reason": reason,
             "rolled_back_at": stamp,
         }.items():
@@ -824,15 +794,27 @@ def rollback(
         challenger = _version_or_none(mlc, name, CHALLENGER)
         if challenger is not None and str(challenger.version) == str(champ.version):
             mlc.delete_registered_model_alias(name, CHALLENGER)
-        for key, value in {"restored_by": actor, "restored_reason": reason, "restored_at": stamp}.items():
+        restored = {
+            **{f"restored{k}": v for k, v in by.items()},
+            "restored_reason": reason,
+            "restored_at": stamp,
+        }
+        for key, value in restored.items():
             mlc.set_model_version_tag(name, previous, key, value)
         after = _version_or_none(mlc, name, CHAMPION)
         if after is None or str(after.version) != str(previous):
             raise RuntimeError(
                 f"champion of {name!r} reads back as {after and after.version}, not {previous}"
             )
-    print(f"rollback: {name} champion {champ.version} -> {previous} by {actor}: {reason}")
-    return {"model": name, "from": champ.version, "to": previous, "by": actor, "reason": reason}
+    print(f"rollback: {name} champion {champ.version} -> {previous} by {_who(identity, note)}: {reason}")
+    return {
+        "model": name,
+        "from": champ.version,
+        "to": previous,
+        "by": identity,
+        "note": note,
+        "reason": reason,
+    }
 
 
 # --------------------------------------------------------------------------------------------- download

@@ -310,6 +310,7 @@ def log_pyfunc_run(
 ) -> tuple[str, str]:
     """One run that logs a "models from code" pyfunc (``model_file``) with a signature inferred from the input
     example and its output; returns (run id, model URI). The run is FAILED if logging the model fails.
+    The model carries ``pyfunc_checks.py`` in its ``code/``: the checks it runs on itself when it loads.
     ``experiment``: where the run goes (default the shared one; ``registry.run_experiment`` names it)."""
     import mlflow
     import numpy as np
@@ -339,6 +340,7 @@ def log_pyfunc_run(
         info = mlflow.pyfunc.log_model(
             name="model",
             python_model=str(model_file),
+            code_paths=[str(Path(__file__).with_name("pyfunc_checks.py"))],
             artifacts={k: str(v) for k, v in artifacts.items()},
             signature=signature,
             input_example=input_example,

@@ -249,6 +249,47 @@ def client() -> MlflowClient:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+UNAUTHENTICATED = "unauthenticated:"  # the prefix of an identity no server vouched for
+
+
+def caller_identity() -> str:
+    """Who the registry says is calling: the account MLflow's auth app authenticated this process as (its
+    ``/api/2.0/mlflow/users/current``, answered only for valid credentials). A store without accounts (the
+    local sqlite store, a server without the auth app) vouches for nobody: ``unauthenticated:<login>``.
+    What a promotion or rollback records as *who*; ``--by`` is only a note beside it."""
+    import base64
+    import getpass
+    import json
+
+    uri = tracking_uri()
+    local = f"{UNAUTHENTICATED}{getpass.getuser()}"
+    if not uri.startswith(("http://", "https://")):
+        return local
+    request = urllib.request.Request(uri.rstrip("/") + "/api/2.0/mlflow/users/current")
+    user, password = os.environ.get("MLFLOW_TRACKING_USERNAME"), os.environ.get("MLFLOW_TRACKING_PASSWORD")
+    if user and password:
+        token = base64.b64encode(f"{user}:{password}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
+    try:
+        with urllib.request.urlopen(request, timeout=CONNECT_TIMEOUT_S * 3) as response:
+            return str(json.loads(response.read())["user"]["username"])
+    except urllib.error.HTTPError as e:
+        if e.code == 404:  # no auth app: anyone may call it anything
+            return local
+        if e.code in (401, 403):
+            raise TrackingAuthError(
+                f"MLflow tracking server {uri} did not authenticate {user or 'this process'} (HTTP {e.code}): set "
+                "MLFLOW_TRACKING_USERNAME and MLFLOW_TRACKING_PASSWORD in the environment"
+            ) from None
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} answered HTTP {e.code} for who is calling"
+        ) from None
+    except (OSError, urllib.error.URLError, ValueError, KeyError) as e:
+        raise TrackingUnavailableError(
+            f"MLflow tracking server {uri} did not say who is calling ({type(e).__name__}: {e})"
+        ) from None
+
+
 def preflight() -> None:
     """Call at the start of a long stage: an unreachable tracking server then fails it before the work, not
     after it (``log_stage`` at the end would raise the same error)."""

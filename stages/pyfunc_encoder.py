@@ -1,9 +1,10 @@
 """The MLflow pyfunc that serves the encoder: sentences in, one vector per sentence out.
 
-Logged as "models from code" (MLflow copies this file into the model), so a loaded model needs only
-sentence-transformers, not this repository, and nothing is pickled. The sentence-transformers folder travels
-as the artifact ``encoder``; vectors equal ``SentenceTransformer(folder).encode`` (mean pooling, no
-normalisation), which is what the exported folder gives.
+Logged as "models from code" (MLflow copies this file into the model, with ``sentcl_mlflow/pyfunc_checks.py``
+in its ``code/``), so a loaded model needs only sentence-transformers, not this repository, and nothing is
+pickled. Loaded from the registry, it first checks every file against the manifest of its registration. The
+sentence-transformers folder travels as the artifact ``encoder``; vectors equal
+``SentenceTransformer(folder).encode`` (mean pooling, no normalisation), which is what the exported folder gives.
 
 A folder that carries prompt pooling (``sentcl_pooling.json``, PromptBERT) is served with it: the sentence in the
 template, the last-layer state at [MASK], minus the template's delta when denoised. That arithmetic is written out
@@ -19,38 +20,14 @@ from typing import Any
 import mlflow
 import numpy as np
 
+try:  # this repository's copy where it is installed; elsewhere the one the model carries in code/
+    from sentcl_mlflow.pyfunc_checks import sentences as _sentences
+    from sentcl_mlflow.pyfunc_checks import verify_loaded_model
+except ImportError:
+    from pyfunc_checks import sentences as _sentences
+    from pyfunc_checks import verify_loaded_model
+
 POOLING_FILE = "sentcl_pooling.json"  # sentcl/model_pooling.py
-
-
-def _sentences(model_input: Any) -> list[str]:
-    """``mlflow models serve`` hands a DataFrame; ``predict`` in Python may get a list, an array or one string.
-
-    Every item that reaches the model must be a string: ``predict([123, None])`` is refused with an
-    INVALID_PARAMETER_VALUE error (HTTP 400), never turned into the vectors of "123" and "None". Over HTTP,
-    ``mlflow models serve`` parses a request against the logged string signature before the model sees it
-    (``infer_and_parse_data`` turns ``[123, null]`` into strings), so serve with ``python -m
-    sentcl_mlflow.serve``: the same rule checked on the JSON body before MLflow parses it (400 + message)."""
-    if isinstance(model_input, str):
-        return [model_input]
-    if hasattr(model_input, "iloc") and hasattr(model_input, "columns"):  # pandas without importing it
-        column = "sentence" if "sentence" in model_input.columns else model_input.columns[0]
-        values = model_input[column].tolist()
-    elif isinstance(model_input, dict):
-        values = model_input.get("sentence", next(iter(model_input.values())))
-        values = [values] if isinstance(values, str) else list(values)
-    else:
-        values = np.asarray(model_input, dtype=object).reshape(-1).tolist()
-    bad = [(i, v) for i, v in enumerate(values) if not isinstance(v, str)]
-    if bad:
-        from mlflow.exceptions import INVALID_PARAMETER_VALUE, MlflowException
-
-        i, v = bad[0]
-        raise MlflowException(
-            f"input {i} is {type(v).__name__} {v!r}, not a string: send a list of sentences "
-            f"({len(bad)} of {len(values)} inputs are not strings)",
-            error_code=INVALID_PARAMETER_VALUE,
-        )
-    return values
 
 
 class PromptEncoder:
@@ -132,6 +109,7 @@ class SentenceEncoderModel(mlflow.pyfunc.PythonModel):
 
     def load_context(self, context: Any) -> None:
         folder = context.artifacts["encoder"]
+        verify_loaded_model(folder)  # before anything of it is read: ModelTamperedError on a changed file
         carried = Path(folder) / POOLING_FILE
         pooling = json.loads(carried.read_text()) if carried.is_file() else {}
         if pooling.get("pooling") == "prompt":

@@ -576,3 +576,58 @@ def test_the_pools_template_refuses_job_variables_that_change_the_command(prefec
         assert f"refused ['{name}'] 422" in lines, out.stdout
     assert not any(line.startswith("accepted") for line in lines), out.stdout
     assert any(line.startswith("created") for line in lines)  # what the pool does accept still works
+
+
+def test_who_promoted_and_rolled_back_is_the_authenticated_account_and_by_is_a_note(
+    auth_server, monkeypatch, tmp_path
+):
+    """`--by NAME` is free text, and the gate's account is shared: the registry records the account MLflow's
+    auth app authenticated (its /users/current) as who acted, and --by only as a note labelled unverified.
+    The CLI, as the gate with `--by alice`: rolled_back_by is the gate's account, rolled_back_by_note alice."""
+    _setup_as_admin(monkeypatch)
+    for user in (GATE, TEAM, ADMIN):
+        as_user(monkeypatch, user)
+        assert store.caller_identity() == user[0]
+    as_user(monkeypatch, (GATE[0], "not-the-password"))
+    with pytest.raises(store.TrackingAuthError, match="did not authenticate sentcl-gate"):
+        store.caller_identity()
+
+    as_user(monkeypatch, GATE)
+    mlc = store.client()
+    params = {"registry": {**CONFIG.__dict__}}
+    versions = []
+    for score in (500.0, 600.0):  # above any champion the other tests leave; weights of their own
+        run_id = mlc.create_run(store.experiment_id(mlc, registry.production_experiment())).info.run_id
+        mlc.log_artifact(run_id, str(_write(tmp_path / f"w{score}" / "w.bin", str(score))), "model")
+        source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
+        result = registry.register_and_gate(
+            source,
+            score,
+            {k: v + score for k, v in TABLE.items()},
+            name=CONFIG.model_name,
+            run_id=run_id,
+            params=params,
+            weights_sha256=f"{int(score) * 7919:064x}",
+            actor="bob",
+        )
+        versions.append(result["version"])
+    tags = mlc.get_model_version(CONFIG.model_name, versions[-1]).tags
+    assert tags["gate.decision"] == "promoted", tags.get("gate.reasons")
+    assert tags["gate.by"] == GATE[0] and tags["gate.by_note"] == "bob"
+
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(MLFLOW_TRACKING_USERNAME=GATE[0], MLFLOW_TRACKING_PASSWORD=GATE[1])
+    out = subprocess.run(
+        [sys.executable, "-m", "flows.promote", "--model", CONFIG.model_name, "--rollback", "--by", "alice"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr
+    assert f"by {GATE[0]} (--by alice, not verified)" in out.stdout
+    demoted = mlc.get_model_version(CONFIG.model_name, versions[-1]).tags
+    assert demoted["rolled_back_by"] == GATE[0] and demoted["rolled_back_by_note"] == "alice"
+    restored = mlc.get_model_version(CONFIG.model_name, versions[0]).tags
+    assert restored["restored_by"] == GATE[0] and restored["restored_by_note"] == "alice"

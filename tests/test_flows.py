@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -427,18 +429,93 @@ def test_retrain_refuses_a_missing_or_malformed_domain_dev_in_one_line(
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def test_promote_with_prefect_down_is_one_line_exit_2(tmp_path):
-    env = {**os.environ, "PREFECT_API_URL": f"http://127.0.0.1:{_free_port()}/api"}
+@pytest.mark.parametrize(
+    "cli",
+    [
+        ["flows.promote"],
+        ["flows.promote", "--rollback", "--reason", "r"],
+        ["flows.pipeline", "--stage", "check_params"],
+        ["flows.retrain", "--domain-text", "text.txt"],
+        ["flows.watch", "--folder", "inbox"],
+    ],
+    ids=lambda cli: " ".join(cli[:2]),
+)
+def test_a_flow_cli_with_prefect_down_is_one_line_naming_the_url_exit_75(cli, tmp_path):
+    """A closed port (nothing listens): trying again later may work, so 75, which the flows retry; before,
+    promote and retrain exited 2 and the pipeline and the watcher went on to Prefect's retries and a
+    traceback."""
+    url = f"http://127.0.0.1:{_free_port()}/api"
+    (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
+    env = {**os.environ, "PREFECT_API_URL": url, "SENTCL_INBOX": str(tmp_path / "inbox")}
+    if cli[0] == "flows.retrain":
+        cli = [cli[0], "--domain-text", str(tmp_path / "text.txt")]
+    if cli[0] == "flows.watch":
+        cli = [cli[0], "--folder", str(tmp_path / "inbox")]
     out = subprocess.run(
-        [sys.executable, "-m", "flows.promote"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        [sys.executable, "-m", *cli], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
-    assert out.returncode == 2
-    assert "Prefect API" in out.stderr and "unreachable" in out.stderr and "Traceback" not in out.stderr
+    assert out.returncode == 75, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr
+    line = out.stderr.strip()
+    assert line.startswith(cli[0].removeprefix("flows.") + ": Prefect API " + url + " is unreachable"), line
+    assert line.endswith("(exit 75: try again)"), line
+
+
+def test_a_prefect_server_killed_while_promote_waits_for_its_slot_is_one_line_exit_75(tmp_path):
+    """A real Prefect server; `flows.promote` as a flow waits on the promotion slot (held by the test),
+    and the server is killed under it: one line naming the URL, exit 75, no traceback."""
+    from tests.test_auth import stop, wait_for
+
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}/api"
+    server_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    server_env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
+    log = tmp_path / "server.log"
+    server = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "prefect"),
+            "server",
+            "start",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env=server_env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        wait_for(f"{url}/health", server, log)
+        body = json.dumps({"name": "sentcl-promotion", "limit": 1, "active_slots": 1}).encode()
+        request = urllib.request.Request(
+            f"{url}/v2/concurrency_limits/", data=body, headers={"Content-Type": "application/json"}
+        )
+        urllib.request.urlopen(request, timeout=30).close()  # the one slot, held: the gate waits for it
+        env = {**os.environ, "PREFECT_API_URL": url, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'm.db'}"}
+        env |= {"PREFECT_CLIENT_MAX_RETRIES": "1", "PREFECT_HOME": str(tmp_path / "client")}
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "flows.promote", "--model", "nothing-here"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + 120
+        while "sentcl-promotion" not in _slot_waiters(url) and time.monotonic() < deadline:
+            time.sleep(1)
+        time.sleep(3)  # inside concurrency(): polling the server for the slot
+        os.killpg(server.pid, signal.SIGKILL)
+        server.wait(30)
+        _, err = cli.communicate(timeout=240)
+    finally:
+        if server.poll() is None:
+            stop(server)
+    assert cli.returncode == 75, err
+    assert "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith(f"promote: Prefect API {url} stopped answering"), err
 
 
 def test_promote_with_mlflow_down_is_one_line_exit_75(tmp_path):
@@ -496,6 +573,19 @@ def test_orchestrated_promote_that_cannot_run_is_one_line_without_a_prefect_trac
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr and "Traceback" not in out.stdout, out.stderr
     assert out.stderr.strip().splitlines()[-1] == "promote: 'nothing-here' has no champion to roll back"
+
+
+def _slot_waiters(url: str) -> str:
+    """The names of the flow runs the server knows (the CLI's run exists once it is waiting)."""
+    request = urllib.request.Request(
+        f"{url}/flow_runs/filter", data=b"{}", headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            runs = json.loads(response.read())
+    except OSError:
+        return ""
+    return "sentcl-promotion" if runs else ""
 
 
 def _free_port() -> int:

@@ -475,3 +475,86 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
     assert not _answers(f"http://127.0.0.1:{prefect_port}/api/health")
     assert not _answers(f"http://127.0.0.1:{mlflow_port}/health")
     assert not list((tmp_path / "run").glob("*.pid"))
+
+
+# ------------------------------------------------------- MinIO: no secret in an argv, a policy of its own buckets
+
+SECRET_NAME = re.compile(r"PASSWORD|SECRET")  # MINIO_ROOT_PASSWORD, S3_SECRET_KEY, POSTGRES_PASSWORD, ...
+
+
+def _shell_lines(service: dict) -> list[str]:
+    """The shell text a service runs (command, entrypoint, healthcheck), as compose hands it to the shell."""
+    texts = []
+    for key in ("command", "entrypoint"):
+        value = service.get(key)
+        if value:
+            texts.append(value if isinstance(value, str) else " ".join(map(str, value)))
+    test = (service.get("healthcheck") or {}).get("test")
+    if test:
+        texts.append(test if isinstance(test, str) else " ".join(map(str, test)))
+    return texts
+
+
+def _simple_commands(script: str) -> list[str]:
+    return [part.strip() for part in re.split(r"&&|\|\||[|;\n]", script) if part.strip()]
+
+
+def test_no_minio_secret_is_expanded_into_an_mc_command_line():
+    """mc reads root's credentials from MC_HOST_local and the applications' secret from its stdin. A secret
+    is expanded only by a shell builtin (printf, piped into `mc admin user add`; export), never into the
+    argv of a program."""
+    text = _compose_text()
+    services = load("docker-compose.yml")["services"]
+    mc_commands = []
+    for name, service in services.items():
+        for script in _shell_lines(service):
+            # A compose-time ${SECRET} in a command is its value in the shell's own argv.
+            for match in re.finditer(r"(?<!\$)\$\{?(\w+)", script.replace("$$", "")):
+                assert not SECRET_NAME.search(match.group(1)), f"{name}: {match.group(0)} in its command line"
+            for command in _simple_commands(script):
+                words = command.split()
+                if words[0] == "mc":
+                    mc_commands.append(command)
+                    assert not SECRET_NAME.search(command) and "MINIO_ROOT_USER" not in command, (
+                        f"{name}: a secret in mc's argv: {command}"
+                    )
+                elif re.search(r"\$\$\{?\w*(PASSWORD|SECRET)", command):  # the shell expands a secret:
+                    assert words[0] in ("printf", "export"), f"{name}: a secret in the argv of {command}"
+    assert any(c.startswith("mc admin user add local") for c in mc_commands)
+    script = " ".join(_shell_lines(services["create-buckets"]))
+    assert re.search(r'printf [^|]*"\$\$\{S3_SECRET_KEY\}" \| mc admin user add local\s', script)
+    env = services["create-buckets"]["environment"]
+    assert set(env) == {"MC_HOST_local", "S3_ACCESS_KEY", "S3_SECRET_KEY"}
+    assert re.fullmatch(
+        r"http://\$\{MINIO_ROOT_USER:\?[^}]*\}:\$\{MINIO_ROOT_PASSWORD:\?[^}]*\}@minio:9000",
+        env["MC_HOST_local"],
+    )
+    assert "mc alias set" not in text
+
+
+def test_the_applications_s3_key_has_a_policy_of_its_own_buckets_only():
+    """Not MinIO's `readwrite` (every bucket): infra/minio-app-policy.json names the two buckets compose
+    creates (MLflow's artifacts, DVC's remote), object and listing actions only, and is what gets attached."""
+    policy = json.loads((INFRA / "minio-app-policy.json").read_text())
+    services = load("docker-compose.yml")["services"]
+    script = " ".join(_shell_lines(services["create-buckets"]))
+    created = set(re.search(r"mc mb --ignore-existing ((?:local/\w+ ?)+)", script).group(1).split())
+    buckets = {b.removeprefix("local/") for b in created}
+    assert buckets == {"mlflow", "dvc"}
+    assert "--artifacts-destination s3://mlflow/" in " ".join(services["mlflow"]["command"])
+    resources, actions = set(), set()
+    for statement in policy["Statement"]:
+        assert statement["Effect"] == "Allow"
+        resources |= set(statement["Resource"])
+        actions |= set(statement["Action"])
+    assert resources == {f"arn:aws:s3:::{b}" for b in buckets} | {f"arn:aws:s3:::{b}/*" for b in buckets}
+    assert all(a.startswith("s3:") and "*" not in a for a in actions), actions
+    assert {"s3:GetObject", "s3:PutObject", "s3:ListBucket"} <= actions
+    assert not actions & {"s3:CreateBucket", "s3:DeleteBucket", "s3:PutBucketPolicy"}
+    assert (
+        "./minio-app-policy.json:/etc/sentcl/minio-app-policy.json:ro"
+        in services["create-buckets"]["volumes"]
+    )
+    assert "mc admin policy create local sentcl-app /etc/sentcl/minio-app-policy.json" in script
+    assert 'mc admin policy attach local sentcl-app --user "$${S3_ACCESS_KEY}"' in script
+    assert "attach local readwrite" not in script and "detach local readwrite" in script
