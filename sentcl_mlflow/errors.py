@@ -21,11 +21,17 @@ REFUSED_CODES = ("PERMISSION_DENIED", "UNAUTHENTICATED")
 
 
 def _network_types() -> tuple[type[BaseException], ...]:
+    import http.client
+
     import requests
     import urllib3.exceptions
 
     return (
         requests.exceptions.ConnectionError,
+        # A server killed while it sends a response: "Connection broken: IncompleteRead" (requests raises it
+        # inside an except block, so its urllib3 ProtocolError is only __context__).
+        requests.exceptions.ChunkedEncodingError,
+        http.client.IncompleteRead,
         requests.exceptions.Timeout,
         urllib3.exceptions.MaxRetryError,
         urllib3.exceptions.ProtocolError,

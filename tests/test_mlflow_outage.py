@@ -337,3 +337,39 @@ def test_network_errors_behind_mlflow_exceptions_are_transient_and_others_are_no
     denied = MlflowException("no", error_code=PERMISSION_DENIED)
     assert errors.one_line("register", denied)[0] == 2
     assert errors.one_line("register", ValueError("a bug")) is None
+
+
+def test_a_server_that_dies_mid_response_is_transient():
+    """MLflow killed while it sends a body: the client reads fewer bytes than Content-Length announced and
+    requests raises ChunkedEncodingError ("Connection broken: IncompleteRead"); that is an outage, exit 75."""
+    import requests
+    from mlflow.utils.rest_utils import MlflowHostCreds, http_request
+
+    from flows.common import transient_error
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_half() -> None:
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        conn.sendall(
+            b'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 14276\r\n\r\n{"runs": ['
+        )
+        conn.close()  # the server dies here
+
+    serving = threading.Thread(target=answer_half, daemon=True)
+    serving.start()
+    creds = MlflowHostCreds(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        with pytest.raises(Exception) as broken:
+            http_request(creds, "/api/2.0/mlflow/runs/search", "GET", max_retries=0, timeout=5).json()
+    finally:
+        serving.join(5)
+        listener.close()
+    # MLflow's REST client re-raises it as a plain MlflowException, the requests error as its context.
+    assert isinstance(broken.value.__context__, requests.exceptions.ChunkedEncodingError), (
+        broken.value.__context__
+    )
+    assert errors.unreachable(broken.value) and transient_error(broken.value)
+    code, line = errors.one_line("register", broken.value)
+    assert code == 75 and "stopped answering (ProtocolError)" in line, line
