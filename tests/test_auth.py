@@ -413,6 +413,18 @@ def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder
     assert 2.0 < waited < 30, waited
 
 
+def start_prefect_server(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
+    """`prefect server start` on loopback ``port`` in its own session (so a test can kill it whole)."""
+    prefect = str(Path(sys.executable).parent / "prefect")
+    return subprocess.Popen(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 @pytest.fixture(scope="module")
 def prefect_auth_server(tmp_path_factory):
     base = tmp_path_factory.mktemp("prefect-auth")
@@ -427,21 +439,7 @@ def prefect_auth_server(tmp_path_factory):
     }
     env.pop("PREFECT_API_URL", None)
     log = base / "server.log"
-    process = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=env,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    process = start_prefect_server(port, env, log)
     url = f"http://127.0.0.1:{port}/api"
     wait_for(f"{url}/health", process, log)
     yield url

@@ -464,28 +464,14 @@ def test_a_flow_cli_with_prefect_down_is_one_line_naming_the_url_exit_75(cli, tm
 def test_a_prefect_server_killed_while_promote_waits_for_its_slot_is_one_line_exit_75(tmp_path):
     """A real Prefect server; `flows.promote` as a flow waits on the promotion slot (held by the test),
     and the server is killed under it: one line naming the URL, exit 75, no traceback."""
-    from tests.test_auth import stop, wait_for
+    from tests.test_auth import start_prefect_server, stop, wait_for
 
     port = _free_port()
     url = f"http://127.0.0.1:{port}/api"
     server_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     server_env |= {"PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     log = tmp_path / "server.log"
-    server = subprocess.Popen(
-        [
-            str(Path(sys.executable).parent / "prefect"),
-            "server",
-            "start",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env=server_env,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    server = start_prefect_server(port, server_env, log)
     try:
         wait_for(f"{url}/health", server, log)
         body = json.dumps({"name": "sentcl-promotion", "limit": 1, "active_slots": 1}).encode()
