@@ -17,6 +17,9 @@ looked up by sentence (``sentcl.teacher.TeacherVectors``). Three losses, weighte
                     components, no bias, no centring), or the student is mapped to the teacher's with a learned
                     linear layer (``projection: learned``, trained at ``head_lr``, dropped when saving).
 
+``distill.examples: neighbours`` puts each sentence in a batch with its ``distill.neighbours`` nearest teacher
+neighbours (augmented SBERT's top-k semantic search), so a batch holds dense local groups as well as random ones.
+
 ``distill.contrastive`` > 0 adds ConSERT's contrastive term over the recipe's two views at that weight (the
 ``train.loss`` over ``views`` at ``temperature``); the similarity losses then compare the two views' vectors
 (z1 against z2, as RankCSE does), else each sentence's single pass with itself.
@@ -47,9 +50,8 @@ class DistillConfig:
     temperature: float  # listnet: the student's tau (the teacher's is tau / 2, RankCSE)
     projection: str  # embedding_mse: pca (teacher -> student dim) | learned (student -> teacher dim)
     contrastive: float  # weight of ConSERT's contrastive term over the two views; 0 = distillation alone
-    examples: (
-        str  # sentences (random batches) | neighbours (each sentence with its nearest teacher neighbour)
-    )
+    examples: str  # sentences (random batches) | neighbours (each with its nearest neighbours) | pairs
+    neighbours: int  # examples neighbours: how many nearest teacher neighbours join each sentence (k)
 
     def __post_init__(self) -> None:
         if self.loss not in DISTILL_LOSSES:
@@ -68,6 +70,8 @@ class DistillConfig:
             )
         if self.temperature == 0:
             raise ValueError("distill.temperature: greater than 0, got 0")
+        if isinstance(self.neighbours, bool) or not isinstance(self.neighbours, int) or self.neighbours < 1:
+            raise ValueError(f"distill.neighbours: a whole number from 1, got {self.neighbours!r}")
 
 
 def cosine_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -103,30 +107,35 @@ def pca_components(vectors: np.ndarray, dim: int) -> torch.Tensor:
     return torch.from_numpy(vt[:dim].astype(np.float32))
 
 
-def nearest_neighbours(vectors: np.ndarray, chunk: int = 2048) -> np.ndarray:
-    """Row index of each vector's most cosine-similar other vector (exact search, ``chunk`` rows at a time)."""
+def nearest_neighbours(vectors: np.ndarray, k: int = 1, chunk: int = 2048) -> np.ndarray:
+    """Row indices of each vector's ``k`` most cosine-similar other vectors, nearest first ([n, k]; exact search,
+    ``chunk`` rows at a time)."""
     x = np.asarray(vectors, dtype=np.float32)
     x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
-    best = np.empty(len(x), dtype=np.int64)
+    if not 1 <= k < len(x):
+        raise ValueError(f"{k} nearest neighbours need more than {k} sentences, got {len(x)}")
+    best = np.empty((len(x), k), dtype=np.int64)
     for start in range(0, len(x), chunk):
         sims = x[start : start + chunk] @ x.T
         rows = np.arange(sims.shape[0])
         sims[rows, start + rows] = -np.inf  # never the sentence itself
-        best[start : start + chunk] = sims.argmax(1)
+        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]  # the k largest, unordered
+        order = np.argsort(-sims[rows[:, None], top], axis=1, kind="stable")
+        best[start : start + chunk] = np.take_along_axis(top, order, axis=1)
     return best
 
 
-def neighbour_pairs(texts: Sequence[str], teacher: Any) -> list[tuple[str, str]]:
-    """Each sentence with its nearest neighbour in ``texts`` under the teacher: augmented SBERT's semantic-search
-    sampling (sentence-transformers examples/training/data_augmentation/train_sts_indomain_semantic.py, which
-    pairs each sentence with its top-k neighbours by the bi-encoder and lets a stronger model label them). Here
-    k = 1 and the teacher's in-batch similarities are the labels; the other pairs of the batch are the random
-    sentences. Needs at least two sentences."""
+def neighbour_groups(texts: Sequence[str], teacher: Any, k: int = 1) -> list[tuple[str, ...]]:
+    """Each sentence with its ``k`` nearest neighbours in ``texts`` under the teacher, nearest first: augmented
+    SBERT's semantic-search sampling (sentence-transformers examples/training/data_augmentation/
+    train_sts_indomain_semantic.py pairs each sentence with its top-k neighbours by a bi-encoder and lets a
+    stronger model label the pairs). Here the teacher's in-batch similarities are the labels, so a group of
+    k + 1 sentences and the other groups of its batch are learned together. Needs more than ``k`` sentences."""
     texts = list(texts)
-    if len(texts) < 2:
-        raise ValueError("distill.examples neighbours: needs at least two training sentences")
-    best = nearest_neighbours(teacher.lookup(texts))
-    return [(texts[i], texts[j]) for i, j in enumerate(best)]
+    if len(texts) <= k:
+        raise ValueError(f"distill.examples neighbours: {k} neighbours need more than {k} training sentences")
+    best = nearest_neighbours(teacher.lookup(texts), k)
+    return [(texts[i], *(texts[j] for j in row)) for i, row in enumerate(best)]
 
 
 class Distill(nn.Module):
@@ -141,6 +150,8 @@ class Distill(nn.Module):
         super().__init__()
         self.config, self.teacher, self.contrastive = config, teacher, contrastive
         self.examples = "sentences" if config.examples == "sentences" else "pairs"
+        # sentences an example holds: a sentence and its k neighbours, or an unlabeled pair
+        self.group = config.neighbours + 1 if config.examples == "neighbours" else 2
         self.projection: nn.Module | None = None
         if config.loss == "embedding_mse":
             if config.projection == "learned":
@@ -150,8 +161,10 @@ class Distill(nn.Module):
                 self.register_buffer("pca", pca_components(teacher.vectors, dim))
 
     def representations(self, embed: Any, items: Sequence[Any]) -> dict[str, torch.Tensor]:
-        if self.examples == "pairs":  # (sentence, neighbour): both sides in one batch of 2 x len(items)
-            items = [a for a, _ in items] + [b for _, b in items]
+        if (
+            self.examples == "pairs"
+        ):  # (sentence, neighbours...) or (a, b), position-major: group x len(items)
+            items = [item[side] for side in range(self.group) for item in items]
         batch = embed.tokenize(list(items))
         views = self.contrastive.views if self.contrastive is not None else ("none", "none")
         reps = {"z1": embed(batch, views[0])}
@@ -174,11 +187,13 @@ class Distill(nn.Module):
         if cfg.loss == "pair_mse":
             # sentence-transformers CosineSimilarityLoss (losses/CosineSimilarityLoss.py: MSE of cos(u, v) and the
             # label) with the teacher's cosine as the silver label, as augmented SBERT labels its sampled pairs
-            # (examples/training/data_augmentation/train_sts_indomain_semantic.py). Rows [0, n) are the first
-            # sides and [n, 2n) the second (``representations``): pair i is entry (i, n + i).
-            n = student.shape[0] // 2
+            # (examples/training/data_augmentation/train_sts_indomain_semantic.py). Rows [0, n) are the sentences
+            # and [s n, (s + 1) n) their s-th partners (``representations``): pair (i, s) is entry (i, s n + i).
+            n = student.shape[0] // self.group
             rows = torch.arange(n, device=student.device)
-            return F.mse_loss(student[rows, rows + n], teacher[rows, rows + n])
+            cols = torch.cat([rows + side * n for side in range(1, self.group)])
+            rows = rows.repeat(self.group - 1)
+            return F.mse_loss(student[rows, cols], teacher[rows, cols])
         if cfg.loss == "listnet":
             return listnet(student, teacher, cfg.temperature)
         return similarity_mse(student, teacher)

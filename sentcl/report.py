@@ -165,7 +165,10 @@ def _training_summary(params: dict[str, Any], checkpoint: str) -> str:
     if objective == "distill":
         teacher = (params.get("teacher") or {}).get("model")
         distill = settings.get("distill") or {}
-        objective = f"distill from {teacher} ({distill.get('loss')}, examples {distill.get('examples')})"
+        examples = distill.get("examples")
+        if examples == "neighbours":
+            examples = f"a sentence and its {distill.get('neighbours')} nearest neighbours"
+        objective = f"distill from {teacher} ({distill.get('loss')}, examples {examples})"
     return f"{objective}; lr {settings.get('lr')}"
 
 

@@ -150,6 +150,7 @@ def training_text(
 
 def distill_examples(
     kind: str,
+    neighbours: int,
     choice: str,
     texts: list[str],
     teacher: Any,
@@ -157,16 +158,21 @@ def distill_examples(
     nli: pd.DataFrame,
     log: logging.Logger,
 ) -> list[Any]:
-    """What objective distill trains on (``train.distill.examples``): the sentences; each with its nearest teacher
-    neighbour (``sentcl.distill.neighbour_pairs``); or the ``choice`` text's unlabeled pairs
-    (``sentcl.texts.text_pairs``; a text without them: ``TextChoiceError``)."""
+    """What objective distill trains on (``train.distill.examples``): the sentences; each with its
+    ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``); or the ``choice`` text's
+    unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short: ``TextChoiceError``."""
     if teacher is None:
         return texts
     if kind == "neighbours":
-        from sentcl.distill import neighbour_pairs
+        from sentcl.distill import neighbour_groups
 
-        examples = neighbour_pairs(texts, teacher)
-        log.info("distill: %d (sentence, nearest teacher neighbour) pairs", len(examples))
+        try:
+            examples = neighbour_groups(texts, teacher, neighbours)
+        except ValueError as exc:
+            raise TextChoiceError(str(exc)) from None
+        log.info(
+            "distill: %d sentences, each with its %d nearest teacher neighbours", len(examples), neighbours
+        )
         return examples
     if kind == "pairs":
         try:

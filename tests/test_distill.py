@@ -151,19 +151,58 @@ def test_distillation_plus_consert_contrastive_term(setup):
     torch.testing.assert_close(objective.loss(reps), distill + 0.3 * nt, rtol=1e-4, atol=1e-6)
 
 
-def test_nearest_neighbours_is_each_sentences_most_similar_other_sentence(setup):
-    from sentcl.distill import nearest_neighbours, neighbour_pairs
+def test_nearest_neighbours_are_each_sentences_most_similar_other_sentences(setup):
+    from sentcl.distill import nearest_neighbours, neighbour_groups
 
     _, teacher, sentences = setup
     t = torch.tensor(teacher.lookup(sentences))
     expected = []
-    for i in range(len(t)):  # brute force: every other sentence's cosine, the largest wins
-        sims = [float(F.cosine_similarity(t[i], t[j], dim=0)) if j != i else -2.0 for j in range(len(t))]
-        expected.append(int(np.argmax(sims)))
-    assert nearest_neighbours(teacher.lookup(sentences), chunk=7).tolist() == expected
-    pairs = neighbour_pairs(sentences, teacher)
-    assert pairs == [(sentences[i], sentences[j]) for i, j in enumerate(expected)]
-    assert all(a != b for a, b in pairs)
+    for i in range(len(t)):  # brute force: every other sentence's cosine, sorted from the largest
+        sims = [(float(F.cosine_similarity(t[i], t[j], dim=0)), j) for j in range(len(t)) if j != i]
+        expected.append([j for _, j in sorted(sims, reverse=True)[:3]])
+    assert nearest_neighbours(teacher.lookup(sentences), k=3, chunk=7).tolist() == expected
+    assert nearest_neighbours(teacher.lookup(sentences), chunk=7).tolist() == [[row[0]] for row in expected]
+    groups = neighbour_groups(sentences, teacher, 3)
+    assert groups == [(sentences[i], *(sentences[j] for j in row)) for i, row in enumerate(expected)]
+    assert neighbour_groups(sentences, teacher) == [
+        (sentences[i], sentences[row[0]]) for i, row in enumerate(expected)
+    ]
+    with pytest.raises(ValueError, match="need more than 3"):
+        neighbour_groups(sentences[:3], teacher, 3)
+
+
+def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup):
+    from sentcl.encoder import Encoder
+    from sentcl.objectives import Embedder, build_objective
+
+    student, teacher, sentences = setup
+    encoder = Encoder.from_pretrained(str(student))
+    items = [(sentences[i], sentences[i + 20], sentences[i + 40]) for i in range(5)]
+    flat = [x for item in items for x in item]
+    z = {x: torch.tensor(encoder.encode([x]))[0] for x in flat}
+    t = {x: torch.tensor(teacher.lookup([x]))[0] for x in flat}
+
+    def cos(vectors, a, b):
+        return F.cosine_similarity(vectors[a], vectors[b], dim=0)
+
+    for loss in ("similarity_mse", "pair_mse"):
+        settings = {"loss": loss, "examples": "neighbours", "neighbours": 2, "contrastive": 0.0}
+        config = train_config(objective="distill", distill=settings, bf16=False)
+        objective = build_objective(config, encoder.dim, encoder, teacher)
+        embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+        reps = objective.representations(embed, items)
+        assert reps["z1"].shape[0] == 15
+        if loss == "similarity_mse":  # every ordered pair of the 15 sentences, wherever a group puts them
+            gaps = [
+                (cos(z, a, b) - cos(t, a, b)) ** 2
+                for i, a in enumerate(flat)
+                for j, b in enumerate(flat)
+                if i != j
+            ]
+        else:  # CosineSimilarityLoss on (sentence, neighbour) pairs only: 5 sentences x 2 neighbours
+            gaps = [(cos(z, a, b) - cos(t, a, b)) ** 2 for a, *others in items for b in others]
+            assert len(gaps) == 10
+        torch.testing.assert_close(objective.loss(reps), torch.stack(gaps).mean(), rtol=1e-4, atol=1e-6)
 
 
 def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
@@ -171,7 +210,9 @@ def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
     from sentcl.objectives import Embedder, build_objective
 
     student, teacher, sentences = setup
-    config = train_config(objective="distill", distill={"examples": "neighbours"}, bf16=False)
+    config = train_config(
+        objective="distill", distill={"examples": "neighbours", "neighbours": 1}, bf16=False
+    )
     encoder = Encoder.from_pretrained(str(student))
     objective = build_objective(config, encoder.dim, encoder, teacher)
     assert objective.examples == "pairs"

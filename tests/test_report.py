@@ -152,10 +152,14 @@ def test_a_distilled_champion_names_its_teacher(metrics, tmp_path):
     p = params()
     p["teacher"]["model"] = "all-mpnet-base-v2"
     p["transfer"]["base"]["objective"] = "distill"
-    p["transfer"]["distillation"] = {"distill": {"examples": "neighbours"}, "lr": 1e-4}
+    p["transfer"]["distillation"] = {"distill": {"examples": "neighbours", "neighbours": 5}, "lr": 1e-4}
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     loss = p["train"]["distill"]["loss"]
-    assert f"distill from all-mpnet-base-v2 ({loss}, examples neighbours); lr 0.0001" in page
+    words = f"distill from all-mpnet-base-v2 ({loss}, examples a sentence and its 5 nearest neighbours); lr 0.0001"
+    assert words in page
+    p["transfer"]["distillation"] = {"distill": {"examples": "sentences"}, "lr": 1e-4}
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
+    assert f"distill from all-mpnet-base-v2 ({loss}, examples sentences); lr 0.0001" in page
     p["transfer"]["base"]["objective"] = "contrastive"
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     assert "contrastive; lr" in page and "distill from" not in page
