@@ -297,7 +297,12 @@ def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exac
 
 
 def test_distill_settings_are_checked_by_name(capsys):
-    for distill, words in (({"loss": "kl"}, "distill.loss: one of"), ({"tau": 1.0}, "unknown key 'tau'")):
+    for distill, words in (
+        ({"loss": "kl"}, "distill.loss: one of"),
+        ({"tau": 1.0}, "unknown key 'tau'"),
+        ({"neighbours": 0}, "distill.neighbours: a whole number from 1, got 0"),
+        ({"neighbours": 2.5}, "distill.neighbours: a whole number from 1, got 2.5"),
+    ):
         with pytest.raises(SystemExit) as exc:
             train_config(objective="distill", distill=distill)
         assert exc.value.code == 2 and words in capsys.readouterr().err
