@@ -161,9 +161,8 @@ class Distill(nn.Module):
                 self.register_buffer("pca", pca_components(teacher.vectors, dim))
 
     def representations(self, embed: Any, items: Sequence[Any]) -> dict[str, torch.Tensor]:
-        if (
-            self.examples == "pairs"
-        ):  # (sentence, neighbours...) or (a, b), position-major: group x len(items)
+        if self.examples == "pairs":
+            # (sentence, neighbours...) or (a, b), flattened position-major: group x len(items)
             items = [item[side] for side in range(self.group) for item in items]
         batch = embed.tokenize(list(items))
         views = self.contrastive.views if self.contrastive is not None else ("none", "none")

@@ -149,8 +149,7 @@ def training_text(
 
 
 def distill_examples(
-    kind: str,
-    neighbours: int,
+    settings: Any,
     choice: str,
     texts: list[str],
     teacher: Any,
@@ -158,9 +157,11 @@ def distill_examples(
     nli: pd.DataFrame,
     log: logging.Logger,
 ) -> list[Any]:
-    """What objective distill trains on (``train.distill.examples``): the sentences; each with its
-    ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``); or the ``choice`` text's
-    unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short: ``TextChoiceError``."""
+    """What objective distill trains on (``settings``, a ``sentcl.distill.DistillConfig``: its ``examples``):
+    the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``);
+    or the ``choice`` text's unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short:
+    ``TextChoiceError``."""
+    kind, neighbours = settings.examples, settings.neighbours
     if teacher is None:
         return texts
     if kind == "neighbours":

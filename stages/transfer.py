@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         texts, truncated = training_data.training_text(choice, pairs, nli, raw, init, config, max_texts, log)
         teacher = load_teacher(Path(args.teacher_vectors), texts) if config.objective == "distill" else None
-        kind, k = config.distill.examples, config.distill.neighbours
-        examples = training_data.distill_examples(kind, k, choice, texts, teacher, pairs, nli, log)
+        examples = training_data.distill_examples(config.distill, choice, texts, teacher, pairs, nli, log)
     except (training_data.TextChoiceError, DomainTextError) as exc:
         fail(str(exc))
     inputs = [processed] + ([Path(choice)] if Path(choice).exists() else [])
