@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from transformers import AutoModel, AutoTokenizer
+from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
 from sentcl.model_pooling import (
     POOLING_FILE,
@@ -182,8 +182,9 @@ class Encoder(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
-        self.tokenizer.save_pretrained(path)
+        _without_load_flags(self.tokenizer).save_pretrained(path)
         transformer = Transformer(str(path), max_seq_length=self.max_length)
+        _without_load_flags(transformer.tokenizer)
         st_pooling = {"cls": "cls", "last-avg": "mean"}.get(self.pooling, "mean")
         modules = [transformer, Pooling(self.dim, st_pooling)] + ([Normalize()] if self.normalize else [])
         SentenceTransformer(modules=modules).save(str(path))
@@ -193,6 +194,14 @@ class Encoder(nn.Module):
             )
         elif (path / POOLING_FILE).exists():  # a folder saved over: its old pooling no longer holds
             (path / POOLING_FILE).unlink()
+
+
+def _without_load_flags(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tokenizer`` without ``local_files_only``, which transformers keeps from the loading process (the hub's
+    offline setting) and writes into tokenizer_config.json: the same model saved under `make run` and under a bare
+    `dvc repro` would differ by that word, and DVC would take it for a new model."""
+    tokenizer.init_kwargs.pop("local_files_only", None)
+    return tokenizer
 
 
 def has_normalize(folder: str | Path) -> bool:
