@@ -182,7 +182,7 @@ class Encoder(nn.Module):
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         self.model.save_pretrained(path)
-        _without_load_flags(self.tokenizer).save_pretrained(path)
+        self.tokenizer.save_pretrained(path)  # read back below; sentence-transformers writes the final copy
         transformer = Transformer(str(path), max_seq_length=self.max_length)
         _without_load_flags(transformer.tokenizer)
         st_pooling = {"cls": "cls", "last-avg": "mean"}.get(self.pooling, "mean")

@@ -168,6 +168,9 @@ def _training_summary(params: dict[str, Any], checkpoint: str) -> str:
         examples = distill.get("examples")
         if examples == "neighbours":
             examples = f"a sentence and its {distill.get('neighbours')} nearest neighbours"
+        weight = distill.get("group_weight")
+        if examples != "sentences" and weight not in (None, 1):
+            examples = f"{examples}, their own similarities weighing {weight:g}"
         objective = f"distill from {teacher} ({distill.get('loss')}, examples {examples})"
     return f"{objective}; lr {settings.get('lr')}"
 

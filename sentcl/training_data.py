@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import torch
@@ -18,6 +18,9 @@ from sentcl.losses import NLI_LABEL_IDS
 from sentcl.recipes import INIT_NAMES
 from sentcl.senteval import consert_corpus
 from sentcl.texts import heldout_texts, inductive_texts, text_pairs
+
+if TYPE_CHECKING:  # typing only: sentcl.distill is imported where distillation runs
+    from sentcl.distill import DistillConfig
 
 # Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
 STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
@@ -149,7 +152,7 @@ def training_text(
 
 
 def distill_examples(
-    settings: Any,
+    settings: DistillConfig,
     choice: str,
     texts: list[str],
     teacher: Any,
@@ -157,7 +160,7 @@ def distill_examples(
     nli: pd.DataFrame,
     log: logging.Logger,
 ) -> list[Any]:
-    """What objective distill trains on (``settings``, a ``sentcl.distill.DistillConfig``: its ``examples``):
+    """What objective distill trains on (``settings.examples``):
     the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``);
     or the ``choice`` text's unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short:
     ``TextChoiceError``."""

@@ -186,7 +186,13 @@ def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup)
         return F.cosine_similarity(vectors[a], vectors[b], dim=0)
 
     for loss in ("similarity_mse", "pair_mse"):
-        settings = {"loss": loss, "examples": "neighbours", "neighbours": 2, "contrastive": 0.0}
+        settings = {
+            "loss": loss,
+            "examples": "neighbours",
+            "neighbours": 2,
+            "contrastive": 0.0,
+            "group_weight": 1.0,
+        }
         config = train_config(objective="distill", distill=settings, bf16=False)
         objective = build_objective(config, encoder.dim, encoder, teacher)
         embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
@@ -205,13 +211,45 @@ def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup)
         torch.testing.assert_close(objective.loss(reps), torch.stack(gaps).mean(), rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("group_weight", [10.0, 0.5])
+def test_group_weight_weighs_the_entries_within_each_example(setup, group_weight):
+    from sentcl.encoder import Encoder
+    from sentcl.objectives import Embedder, build_objective
+
+    student, teacher, sentences = setup
+    encoder = Encoder.from_pretrained(str(student))
+    items = [(sentences[i], sentences[i + 20], sentences[i + 40]) for i in range(5)]
+    settings = {"examples": "neighbours", "neighbours": 2, "contrastive": 0.0, "group_weight": group_weight}
+    config = train_config(objective="distill", distill=settings, bf16=False)
+    objective = build_objective(config, encoder.dim, encoder, teacher)
+    embed = Embedder(encoder, config.view, torch.Generator().manual_seed(0), torch.device("cpu"))
+    reps = objective.representations(embed, items)
+    z = {x: torch.tensor(encoder.encode([x]))[0] for item in items for x in item}
+    t = {x: torch.tensor(teacher.lookup([x]))[0] for item in items for x in item}
+    # every ordered pair of distinct sentences, weighted by whether one example holds both
+    total, weights = torch.tensor(0.0), 0.0
+    for i, a_item in enumerate(items):
+        for j, b_item in enumerate(items):
+            for p, a in enumerate(a_item):
+                for q, b in enumerate(b_item):
+                    if (i, p) == (j, q):
+                        continue
+                    w = group_weight if i == j else 1.0
+                    gap = F.cosine_similarity(z[a], z[b], dim=0) - F.cosine_similarity(t[a], t[b], dim=0)
+                    total, weights = total + w * gap**2, weights + w
+    assert weights == 5 * 2 * 3 * group_weight + 5 * 3 * 12  # 30 entries within examples, 180 across
+    torch.testing.assert_close(objective.loss(reps), total / weights, rtol=1e-4, atol=1e-6)
+
+
 def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
     from sentcl.encoder import Encoder
     from sentcl.objectives import Embedder, build_objective
 
     student, teacher, sentences = setup
     config = train_config(
-        objective="distill", distill={"examples": "neighbours", "neighbours": 1}, bf16=False
+        objective="distill",
+        distill={"examples": "neighbours", "neighbours": 1, "group_weight": 1.0},
+        bf16=False,
     )
     encoder = Encoder.from_pretrained(str(student))
     objective = build_objective(config, encoder.dim, encoder, teacher)
@@ -302,6 +340,8 @@ def test_distill_settings_are_checked_by_name(capsys):
         ({"tau": 1.0}, "unknown key 'tau'"),
         ({"neighbours": 0}, "distill.neighbours: a whole number from 1, got 0"),
         ({"neighbours": 2.5}, "distill.neighbours: a whole number from 1, got 2.5"),
+        ({"group_weight": 0}, "distill.group_weight: a number greater than 0, got 0"),
+        ({"group_weight": "high"}, "distill.group_weight: a number greater than 0, got 'high'"),
     ):
         with pytest.raises(SystemExit) as exc:
             train_config(objective="distill", distill=distill)

@@ -157,6 +157,9 @@ def test_a_distilled_champion_names_its_teacher(metrics, tmp_path):
     loss = p["train"]["distill"]["loss"]
     words = f"distill from all-mpnet-base-v2 ({loss}, examples a sentence and its 5 nearest neighbours); lr 0.0001"
     assert words in page
+    p["transfer"]["distillation"]["distill"]["group_weight"] = 10.0
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
+    assert "5 nearest neighbours, their own similarities weighing 10); lr 0.0001" in page
     p["transfer"]["distillation"] = {"distill": {"examples": "sentences"}, "lr": 1e-4}
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     assert f"distill from all-mpnet-base-v2 ({loss}, examples sentences); lr 0.0001" in page
