@@ -55,9 +55,8 @@ class DistillConfig:
     contrastive: float  # weight of ConSERT's contrastive term over the two views; 0 = distillation alone
     examples: str  # sentences (random batches) | neighbours (each with its nearest neighbours) | pairs
     neighbours: int  # examples neighbours: how many nearest teacher neighbours join each sentence (k)
-    group_weight: (
-        float  # similarity_mse over neighbours or pairs: weight of an example's own entries (1 = plain)
-    )
+    # similarity_mse over neighbours or pairs: weight of the entries within one example (1 = the plain mean)
+    group_weight: float
 
     def __post_init__(self) -> None:
         if self.loss not in DISTILL_LOSSES:
@@ -105,7 +104,7 @@ def similarity_mse(
         return F.mse_loss(_off_diagonal(student), _off_diagonal(teacher))
     # Why: in a batch of 32 groups of a sentence and its 3 neighbours, 3 of a row's 127 entries are neighbours;
     # the rest are unrelated sentences whose cosines sit near 0 under both models, while the STS pairs live in
-    # the neighbours' range. The plain mean spends 98% of the loss there (docs/results.md, "group weight").
+    # the neighbours' range. The plain mean spends 98% of the loss there (docs/results.md, "A group's own similarities").
     same = (example[:, None] == example[None, :]).float()
     weights = _off_diagonal(1 + (group_weight - 1) * same)
     gaps = _off_diagonal((student - teacher) ** 2)
@@ -220,10 +219,10 @@ class Distill(nn.Module):
         if cfg.loss == "listnet":
             return listnet(student, teacher, cfg.temperature)
         example = None
-        if (
-            self.examples == "pairs"
-        ):  # rows side x n + i (``representations``): row r belongs to example r mod n
-            example = torch.arange(student.shape[0], device=student.device) % (student.shape[0] // self.group)
+        if self.examples == "pairs":
+            # rows side x n + i (``representations``): row r belongs to example r mod n
+            n = student.shape[0] // self.group
+            example = torch.arange(student.shape[0], device=student.device) % n
         return similarity_mse(student, teacher, example, cfg.group_weight)
 
     def loss(self, reps: dict[str, torch.Tensor], negatives: torch.Tensor | None = None) -> torch.Tensor:
