@@ -42,10 +42,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher, teacher_not_better
-from sentcl.registry import GateConfig, gate_decision
-from sentcl.sts import STSEvaluator
-from sentcl.training_data import stsb_dev
+from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher, teacher_not_better
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.registry.rules import GateConfig, gate_decision
+from sentcl.training.data import stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
 from stages.training import fail, load_pairs, read_texts
 from stages.transfer import read_domain_dev
@@ -75,7 +75,7 @@ def write_tsv(pairs: Pairs, path: Path) -> Path:
 
 def score(model: str, sets: dict[str, Pairs], backend: str) -> dict[str, float]:
     """Spearman x 100 of ``model`` on each set of pairs, every unique sentence encoded once (as evaluate does)."""
-    from sentcl.fast_encode import FastEncoder
+    from sentcl.model.fast_encode import FastEncoder
 
     unique = sorted({s for pairs in sets.values() for a, b, _ in pairs for s in (a, b)})
     vectors = FastEncoder(model, pooling="last-avg", backend=backend)(unique)

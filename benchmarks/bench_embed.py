@@ -35,7 +35,7 @@ def timed(cmd: list[str]) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sentcl.evaluation import load_benchmark
+    from sentcl.evaluation.benchmark import load_benchmark
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument(

@@ -35,8 +35,8 @@ def peer(model: str, data: Path, output: Path) -> None:
     from scipy.stats import spearmanr
     from sentence_transformers import SentenceTransformer
 
-    from sentcl.encoder import resolve_model_path
-    from sentcl.evaluation import load_benchmark
+    from sentcl.evaluation.benchmark import load_benchmark
+    from sentcl.model.encoder import resolve_model_path
 
     st = SentenceTransformer(resolve_model_path(model), device="cpu")
     benchmark = load_benchmark(data, with_dev=False)  # the same readers, so the same pairs
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         peer(args.model, args.data, args.peer_output)
         return 0
 
-    from sentcl.evaluation import load_benchmark
+    from sentcl.evaluation.benchmark import load_benchmark
 
     benchmark = load_benchmark(args.data, with_dev=False)
     sides = 2 * benchmark.pair_count

@@ -42,9 +42,9 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.bench_train import PeakMemory
-from sentcl.encoder import Encoder, resolve_model_path
-from sentcl.precision import bf16_autocast
-from sentcl.train import Trainer, select_device
+from sentcl.model.encoder import Encoder, resolve_model_path
+from sentcl.training.precision import bf16_autocast
+from sentcl.training.train import Trainer, select_device
 from stages.common import RAW, SHARED_MIRROR, load_params
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
@@ -73,7 +73,7 @@ def training_flops(config, batch: int, length: int, views: int = 2) -> float:
 
 def sentences(n: int, seed: int = 0) -> tuple[list[str], str]:
     """``n`` sentences: STS-B train from data/raw or the team mirror when present, else seeded random text."""
-    from sentcl.senteval import read_stsb
+    from sentcl.data.senteval import read_stsb
 
     for root in (RAW, SHARED_MIRROR):
         if (root / "STS" / "STSBenchmark").is_dir():

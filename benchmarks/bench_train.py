@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoModel, AutoTokenizer
 
-from sentcl.encoder import Encoder, resolve_model_path
-from sentcl.precision import cpu_has_native_bf16, use_bf16
-from sentcl.train import Trainer, select_device
+from sentcl.model.encoder import Encoder, resolve_model_path
+from sentcl.training.precision import cpu_has_native_bf16, use_bf16
+from sentcl.training.train import Trainer, select_device
 from stages.common import load_params
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
@@ -124,7 +124,7 @@ def main() -> None:
     args = parser.parse_args()
     device = select_device(args.device)
     path = resolve_model_path(args.model)
-    from sentcl.senteval import read_stsb
+    from sentcl.data.senteval import read_stsb
     from stages.common import RAW, SHARED_MIRROR
 
     root = RAW if (RAW / "STS").is_dir() else SHARED_MIRROR

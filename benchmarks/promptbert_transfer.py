@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from sentcl.encoder import Encoder
-from sentcl.model_pooling import PromptSettings
-from sentcl.prompt import MLPHead, PromptContrastiveLoss
-from sentcl.sts import STSEvaluator
-from sentcl.training_data import sts_test_sentences, stsb_dev
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.model.encoder import Encoder
+from sentcl.model.pooling import PromptSettings
+from sentcl.training.data import sts_test_sentences, stsb_dev
+from sentcl.training.objectives.promptbert import MLPHead, PromptContrastiveLoss
 from stages.common import load_params
 from stages.training import load_pairs
 

@@ -3,7 +3,7 @@ cosines of each pair) on the seven STS tasks, both protocols, plus STS-B dev; al
 projection that ``embedding_mse`` distils toward (as many axes as the student has dimensions).
 
 The teacher's vectors are the teacher stage's output (data/teacher, fp16), so the teacher is not run again; the
-student is encoded with the evaluate stage's fast path. Scoring is ``sentcl.evaluation``'s (the evaluate stage's).
+student is encoded with the evaluate stage's fast path. Scoring is ``sentcl.evaluation.benchmark``'s (the evaluate stage's).
 
     python benchmarks/teacher_ceiling.py [--teacher-vectors data/teacher] [--student models/base] [--output F.json]
 """
@@ -22,11 +22,11 @@ sys.path.insert(0, str(ROOT))
 
 
 def main(argv: list[str] | None = None) -> int:
-    from sentcl.distill import pca_components
-    from sentcl.evaluation import TASKS, load_benchmark, protocol_scores, spearman100
-    from sentcl.fast_encode import FastEncoder
-    from sentcl.sts import cosine
-    from sentcl.teacher import TeacherVectors
+    from sentcl.evaluation.benchmark import TASKS, load_benchmark, protocol_scores, spearman100
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl.model.teacher import TeacherVectors
+    from sentcl.training.objectives.distill import pca_components
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--teacher-vectors", type=Path, default=ROOT / "data" / "teacher")

@@ -52,7 +52,7 @@ from flows.common import (
     run_stage,
     run_tags_env,
 )
-from sentcl.domain import (
+from sentcl.data.domain import (
     RETRAIN_METHODS,
     DomainTextError,
     RetrainConfigError,
@@ -66,7 +66,7 @@ from sentcl.domain import (
     teacher_not_better,
     write_sentences,
 )
-from sentcl.registry import DEV_GUARDS, GateConfig
+from sentcl.registry.rules import DEV_GUARDS, GateConfig
 from stages.common import PROCESSED, RAW, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
@@ -132,7 +132,7 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
     champion = registry.champion_scores()
     if champion is None:
-        from sentcl.encoder import resolve_model_path
+        from sentcl.model.encoder import resolve_model_path
 
         name = load_params(Path(params) if params else None)["model"]["name"]
         print(f"retrain: no champion registered yet; starting from the base model {name}")
@@ -154,7 +154,7 @@ def prepare_text(
     truncates them there, as every anchor does), not refused."""
     from transformers import AutoTokenizer
 
-    from sentcl.encoder import resolve_model_path
+    from sentcl.model.encoder import resolve_model_path
 
     max_tokens = int(load_params(Path(params) if params else None)["model"]["max_length"])
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init_folder))

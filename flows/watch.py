@@ -2,7 +2,7 @@
 
     python -m flows.watch [--folder inbox]     # needs PREFECT_API_URL (make serve sets it)
 
-The deployment trigger in infra/prefect.yaml turns event ``sentcl.domain-text.arrived`` into a run of the
+The deployment trigger in infra/prefect.yaml turns event ``sentcl.data.domain-text.arrived`` into a run of the
 retrain deployment with ``domain_text`` = the file. A file counts as landed once its size has stopped changing
 (a copy in progress is not yet text to train on). What a retrain archives to ``<inbox>/processed/`` is not news.
 """
@@ -18,10 +18,10 @@ from pathlib import Path
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from sentcl.domain import PROCESSED_DIR
+from sentcl.data.domain import PROCESSED_DIR
 from stages.common import ROOT
 
-EVENT = "sentcl.domain-text.arrived"
+EVENT = "sentcl.data.domain-text.arrived"
 SETTLE_S = 2.0
 
 

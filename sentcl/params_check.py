@@ -7,10 +7,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sentcl.fast_encode import BACKENDS
-from sentcl.model_evaluation import DEFAULTS as EVALUATE_DEFAULTS
-from sentcl.model_pooling import POOLINGS, PromptSettings
-from sentcl.training_data import TEXT_CHOICES
+from sentcl.evaluation.models import DEFAULTS as EVALUATE_DEFAULTS
+from sentcl.model.fast_encode import BACKENDS
+from sentcl.model.pooling import POOLINGS, PromptSettings
+from sentcl.training.data import TEXT_CHOICES
 
 SECTIONS = (
     "seed",

@@ -10,8 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from sentcl.evaluation import TASKS
-from sentcl.recipes import checkpoint_settings
+from sentcl.evaluation.benchmark import TASKS
+from sentcl.training.recipes import checkpoint_settings
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 TABLE_ROW_LIMIT = 60  # an analysis table longer than this shows its head and says how many rows it left out
@@ -159,7 +159,7 @@ def _frequent_tokens_summary(path: Path) -> dict[str, Any] | None:
 
 def _training_summary(params: dict[str, Any], checkpoint: str) -> str:
     """The objective (for distillation, the teacher it learned from) and the lr ``checkpoint`` trained with, as
-    params.yaml resolves them for its stage (``sentcl.recipes``: what the stage itself builds its config from)."""
+    params.yaml resolves them for its stage (``sentcl.training.recipes``: what the stage itself builds its config from)."""
     settings = checkpoint_settings(params, checkpoint)
     objective = settings.get("objective") or "contrastive"
     if objective == "distill":

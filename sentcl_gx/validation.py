@@ -1,4 +1,4 @@
-"""The validate stage's expectations, run by Great Expectations on the tables of ``sentcl.validation``."""
+"""The validate stage's expectations, run by Great Expectations on the tables of ``sentcl.data.validation``."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from sentcl.senteval import NLI_LABELS, SCORE_RANGE
-from sentcl.validation import Violation
+from sentcl.data.senteval import NLI_LABELS, SCORE_RANGE
+from sentcl.data.validation import Violation
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@
 - ``sentcl_mlflow.runs``: what a stage run records (``log_stage``, ``preflight``, ``log_pyfunc_run``);
 - ``sentcl_mlflow.registry``: register-then-gate, promotion lease, rollback, checked downloads.
 
-The rules themselves (``GateConfig``, ``gate_decision``, checkpoint choice) are pure: ``sentcl.registry``.
+The rules themselves (``GateConfig``, ``gate_decision``, checkpoint choice) are pure: ``sentcl.registry.rules``.
 ``python -m sentcl_mlflow`` prints the tracking URI in use. Import the submodule you need: this file
 imports nothing, so a training stage that logs runs does not depend on the registry's code.
 """

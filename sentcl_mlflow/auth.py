@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-from sentcl.registry import GateConfig
+from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.store import EXPERIMENT, client, load_params_file, tracking_uri
 
 

@@ -1,6 +1,6 @@
 """The model registry in MLflow: register a candidate, gate it, roll back, serialise promotions, download.
 
-The rules (what the gate decides, what blocks a promotion) are pure functions in ``sentcl.registry``; this
+The rules (what the gate decides, what blocks a promotion) are pure functions in ``sentcl.registry.rules``; this
 module does the I/O around them, in an order that leaves nothing half-done that could be promoted:
 
 1. take the promotion lease (a queue of versions of a lease model only the gate may edit, so it spans
@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry import (
+from sentcl.registry.rules import (
     TAG_DOMAIN,
     TAG_ROLLED_BACK,
     TAG_STATE,

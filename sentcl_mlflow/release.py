@@ -1,4 +1,4 @@
-"""A release folder (``sentcl.release``) into the registry: the pyfunc model run, ``challenger``, the gate."""
+"""A release folder (``sentcl.registry.release``) into the registry: the pyfunc model run, ``challenger``, the gate."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sentcl.registry import TAG_DEV, TAG_DOMAIN, GateConfig
+from sentcl.registry.rules import TAG_DEV, TAG_DOMAIN, GateConfig
 
 INPUT_EXAMPLE = ["a sentence", "another one"]
 
@@ -31,7 +31,7 @@ def log_and_register(
     version of the model holds these weights yet (same sha256): the same weights are never registered twice,
     whoever retries.
     """
-    from sentcl.encoder import load_folder_encoder
+    from sentcl.model.encoder import load_folder_encoder
     from sentcl_mlflow import registry, runs
 
     timings: dict[str, float] = {}

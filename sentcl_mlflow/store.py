@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl import params_yaml
+from sentcl.params import load_yaml
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -331,4 +331,4 @@ PROJECT = (
 
 def load_params_file(path: Path | None = None) -> dict[str, Any]:
     with open(path or PROJECT / "params.yaml") as f:
-        return params_yaml.load(f) or {}
+        return load_yaml(f) or {}

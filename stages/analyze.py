@@ -24,8 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sentcl import params_yaml
-from sentcl.analysis_runs import (
+from sentcl.evaluation.analysis_runs import (
     SWEEPS,
     freq_tokens_finding,
     models_before_after,
@@ -34,7 +33,8 @@ from sentcl.analysis_runs import (
     run_sweep,
     sweep_finding,
 )
-from sentcl.encoder import resolve_model_path
+from sentcl.model.encoder import resolve_model_path
+from sentcl.params import load_yaml
 from stages.common import METRICS, MODELS, PLOTS, RAW, ROOT, load_params, offline_hub
 
 log = logging.getLogger("stages.analyze")
@@ -52,7 +52,7 @@ def transfer_cell(params_file: Path, work: Path, name: str, init: str, steps: in
 
 
 def _value(text: str) -> Any:
-    return params_yaml.load(text)
+    return load_yaml(text)
 
 
 def main(argv: list[str] | None = None) -> int:

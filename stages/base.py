@@ -6,7 +6,7 @@ import argparse
 import shutil
 from pathlib import Path
 
-from sentcl.encoder import Encoder
+from sentcl.model.encoder import Encoder
 from stages.common import MODELS, load_params, offline_hub
 
 

@@ -19,12 +19,12 @@ from typing import Any
 
 from flows.common import FlowConfig
 from sentcl import params_check as rules
-from sentcl.domain import retrain_method
-from sentcl.fetching import FetchConfig
+from sentcl.data.domain import retrain_method
+from sentcl.data.fetching import FetchConfig
+from sentcl.model.teacher import TeacherConfig
 from sentcl.params_check import SECTIONS
-from sentcl.registry import GateConfig
-from sentcl.teacher import TeacherConfig
-from sentcl.training_data import INIT_NAMES
+from sentcl.registry.rules import GateConfig
+from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
 from stages.training import stage_config

@@ -7,7 +7,9 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sentcl import params_yaml
+import yaml
+
+from sentcl.params import load_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -45,12 +47,12 @@ def load_params(path: Path | None = None) -> dict[str, Any]:
     label = str(path) if path else "params.yaml"
     try:
         with open(file) as f:
-            params = params_yaml.load(f)
+            params = load_yaml(f)
     except FileNotFoundError:
         fail(f"{label}: no such params file")
     except (OSError, UnicodeDecodeError) as exc:
         fail(f"{label}: cannot be read ({exc.__class__.__name__}: {exc})")
-    except params_yaml.yaml.YAMLError as exc:
+    except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         line = f":{where.line + 1}" if where is not None else ""
         fail(f"{label}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})")

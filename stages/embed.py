@@ -9,7 +9,7 @@ the command says which version that is. The output format follows the suffix: ``
 line i), ``.jsonl`` (``{"sentence": ..., "embedding": [...]}`` per line), ``.csv`` (``sentence,e0,e1,...``) or
 ``.parquet`` (columns ``sentence``, ``embedding``); any other suffix is refused. Empty lines keep their row.
 
-It is the evaluate stage's fast path (:mod:`sentcl.fast_encode`): each distinct line is encoded once, in one
+It is the evaluate stage's fast path (:mod:`sentcl.model.fast_encode`): each distinct line is encoded once, in one
 length-sorted pass with batches bounded by a token budget, in ONNX Runtime worker processes. Vectors equal
 ``SentenceTransformer(folder).encode`` to float32 rounding. Lines longer than the model's limit are truncated (as
 sentence-transformers does) and counted. Bad input (a missing, binary or non-UTF-8 file, a folder, an unsupported
@@ -25,13 +25,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sentcl.embedding_io import SUFFIXES, EmbedInputError, check_output, embed, read_lines
+from sentcl.model.embedding_io import SUFFIXES, EmbedInputError, check_output, embed, read_lines
 from stages.common import load_params, offline_hub
 
 
 def resolve_model_path(model: str) -> str:
     """A folder, or the bundled model's name resolved to its package folder (imported late: torch is slow)."""
-    from sentcl.encoder import resolve_model_path as resolve
+    from sentcl.model.encoder import resolve_model_path as resolve
 
     return resolve(model)
 

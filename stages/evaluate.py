@@ -23,11 +23,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sentcl import model_evaluation as scoring
-from sentcl.encoder import resolve_model_path
-from sentcl.evaluation import load_benchmark
-from sentcl.fast_encode import BACKENDS
-from sentcl.model_pooling import POOLINGS
+from sentcl.evaluation import models as scoring
+from sentcl.evaluation.benchmark import load_benchmark
+from sentcl.model.encoder import resolve_model_path
+from sentcl.model.fast_encode import BACKENDS
+from sentcl.model.pooling import POOLINGS
 from stages.common import METRICS, MODELS, RAW, load_params, missing_model, offline_hub
 
 log = logging.getLogger("stages.evaluate")

@@ -6,7 +6,7 @@
 The init counts as a candidate (``base``, or the champion's weights in a retrain), so a run whose training
 did not help registers its init again, tagged ``beat_init=false``; only the gate moves ``champion``.
 
-The release folder (``sentcl.release``) is a sentence-transformers folder plus ``onnx/model.onnx``, checked
+The release folder (``sentcl.registry.release``) is a sentence-transformers folder plus ``onnx/model.onnx``, checked
 against PyTorch to 1e-4, and a model card (README.md) with data licences, params, the STS table, the weights'
 sha256 and the git commit; ``sentcl_mlflow.release`` registers it.
 """
@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sentcl import release
-from sentcl.registry import GateConfig
+from sentcl.registry import release
+from sentcl.registry.rules import GateConfig
 from stages.cli import BadInput, run_cli
 from stages.common import METRICS, MODELS, load_params, offline_hub
 
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     offline_hub()
 
-    from sentcl.domain import DomainTextError, read_scored_pairs
+    from sentcl.data.domain import DomainTextError, read_scored_pairs
     from sentcl_mlflow import registry, store
     from sentcl_mlflow.release import log_and_register, registry_summary
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from sentcl.fetching import FetchConfig, FetchError, source_record
-from sentcl.fetching import fetch as fetch_into
+from sentcl.data.fetching import FetchConfig, FetchError, source_record
+from sentcl.data.fetching import fetch as fetch_into
 from stages.common import RAW, SHARED_MIRROR, load_params, params_label, relabel
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from sentcl import params_yaml
+from sentcl.params import load_yaml
 from stages.common import ROOT, SHARED_MIRROR, load_params
 
 
@@ -49,7 +49,7 @@ def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
 
 def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
     existing = set(flatten(params if params is not None else load_params()))
-    overrides = flatten(params_yaml.load(Path(profile).read_text()) or {})
+    overrides = flatten(load_yaml(Path(profile).read_text()) or {})
     # JSON is valid YAML, so DVC parses lists, null and numbers back to what the profile says.
     return [
         f"-S={'' if key in existing else '+'}{key}={json.dumps(value, separators=(',', ':'))}"
@@ -59,10 +59,10 @@ def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
 
 def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
     """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off)."""
-    from sentcl.training_data import TEXT_CHOICES
+    from sentcl.training.data import TEXT_CHOICES
     from stages import base, joint, pretrain_nli, transfer
 
-    params = merge(load_params(), params_yaml.load(Path(profile).read_text()) or {})
+    params = merge(load_params(), load_yaml(Path(profile).read_text()) or {})
     params["model"]["name"] = str(model)
     params["train"].update(eval_steps=1, device="cpu")
     texts = params["transfer"]["texts"]

@@ -8,7 +8,7 @@ sentence-transformers folder travels as the artifact ``encoder``; vectors equal
 
 A folder that carries prompt pooling (``sentcl_pooling.json``, PromptBERT) is served with it: the sentence in the
 template, the last-layer state at [MASK], minus the template's delta when denoised. That arithmetic is written out
-here again (this file must not import sentcl); tests/test_prompt.py checks it equals ``sentcl.prompt``.
+here again (this file must not import sentcl); tests/test_prompt.py checks it equals ``sentcl.model.prompt``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ except ImportError:
     from pyfunc_checks import sentences as _sentences
     from pyfunc_checks import verify_loaded_model
 
-POOLING_FILE = "sentcl_pooling.json"  # sentcl/model_pooling.py
+POOLING_FILE = "sentcl_pooling.json"  # sentcl/model/pooling.py
 
 
 class PromptEncoder:
-    """PromptBERT pooling with transformers alone (sentcl/prompt.py ``tokenize_prompt``, ``template_delta``,
+    """PromptBERT pooling with transformers alone (sentcl/model/prompt.py ``tokenize_prompt``, ``template_delta``,
     ``prompt_pool``; kongds/Prompt-BERT prompt_bert/models.py ``get_delta``)."""
 
     def __init__(self, folder: str, settings: dict[str, Any]) -> None:

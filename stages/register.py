@@ -17,7 +17,7 @@ import json
 import sys
 from pathlib import Path
 
-from sentcl.registry import GateConfig
+from sentcl.registry.rules import GateConfig
 from stages.cli import BadInput, run_cli
 from stages.common import METRICS, load_params, offline_hub
 from stages.export import OUTPUT, PYFUNC_MODEL

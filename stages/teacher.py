@@ -4,10 +4,10 @@
     python -m stages.teacher --model DIR --output OUT [--texts FILE_OR_CHOICE]
 
 ``teacher.model``: ``none`` (the feature is off: an empty record, nothing loaded), ``all-mpnet-base-v2`` (the
-offline default: from its five PyPI pieces, sha256-checked; ``sentcl.teacher_run``), a sentence-transformers
+offline default: from its five PyPI pieces, sha256-checked; ``sentcl.training.teacher_run``), a sentence-transformers
 folder, or a ``models:/name/version`` / ``models:/name@alias`` URI of the registry. The output and its sentences
 (the transfer text, ``transfer.texts`` and ``transfer.max_texts``, and every STS sentence, each once):
-``sentcl.teacher_run``.
+``sentcl.training.teacher_run``.
 
 A retrain (flows/retrain.py, benchmarks/bench_domain.py) adds ``--domain-dev PAIRS``: the pairs' sentences are
 encoded too and ``teacher.json`` records the teacher's Spearman x 100 on them (``domain_dev``), from the stored fp16
@@ -27,8 +27,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sentcl import teacher as T
-from sentcl import teacher_run as R
+from sentcl.model import teacher as T
+from sentcl.training import teacher_run as R
 from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub
 from stages.training import load_nli, load_pairs
 

@@ -1,7 +1,7 @@
 """What the training stages share: their config, data, the run itself and its records.
 
-``run_stage`` trains a ``TrainConfig`` built from params.yaml (``sentcl.recipes``), writes the model folder, the
-curves CSV and the metrics JSON (``sentcl.training_runs``), logs to the tracker and removes the resume state.
+``run_stage`` trains a ``TrainConfig`` built from params.yaml (``sentcl.training.recipes``), writes the model folder, the
+curves CSV and the metrics JSON (``sentcl.training.runs``), logs to the tracker and removes the resume state.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from typing import Any
 
 import pandas as pd
 
-from sentcl import recipes, training_data, training_runs
-from sentcl.domain import DomainTextError, read_domain_text
-from sentcl.train import ConfigError, TrainConfig, dist_info
+from sentcl.data.domain import DomainTextError, read_domain_text
+from sentcl.training import data as training_data
+from sentcl.training import recipes
+from sentcl.training import runs as training_runs
+from sentcl.training.train import ConfigError, TrainConfig, dist_info
 from sentcl_mlflow.runs import log_stage, preflight
 from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, fail, offline_hub, params_label
 
@@ -38,7 +40,7 @@ def load_nli(processed: Path = PROCESSED) -> pd.DataFrame:
 def transfer_texts(
     choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path, tokenizer: Any, max_length: int
 ) -> list[str]:
-    """``sentcl.training_data.transfer_texts``; an unknown choice or a file without usable text: exit 2."""
+    """``sentcl.training.data.transfer_texts``; an unknown choice or a file without usable text: exit 2."""
     try:
         return training_data.transfer_texts(choice, pairs, nli, raw, tokenizer, max_length, log)
     except (training_data.TextChoiceError, DomainTextError) as exc:
@@ -63,7 +65,7 @@ def stage_config(
     stage_keys: tuple[str, ...] = (),
 ) -> TrainConfig:
     """``train`` + the stage's section (+ its ``recipe`` subsections in order) + CLI overrides, less the
-    ``stage_keys`` the stage reads itself (``sentcl.recipes.config_sections``)."""
+    ``stage_keys`` the stage reads itself (``sentcl.training.recipes.config_sections``)."""
     return build_config(params, recipes.config_sections(params, section, overrides, recipe, stage_keys))
 
 
@@ -101,7 +103,7 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
 
 def records_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     """(records, resume state) folders: metrics/ and checkpoints/, or beside an --output outside the models
-    folder (``sentcl.training_runs.records_dirs``)."""
+    folder (``sentcl.training.runs.records_dirs``)."""
     return training_runs.records_dirs(
         args.output, args.models_dir, args.metrics_dir, args.checkpoints_dir, METRICS, CHECKPOINTS
     )

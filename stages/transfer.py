@@ -8,15 +8,15 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences without
 any sentence token-identical to an STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus),
-``inductive`` (no sentence token-identical to a dev or test sentence; ``sentcl.texts``), or a ``*.txt`` file (one
+``inductive`` (no sentence token-identical to a dev or test sentence; ``sentcl.data.texts``), or a ``*.txt`` file (one
 sentence a line) or a folder of them. Each init has its own recipe (``transfer.base``, ``transfer.nli``,
 ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three scripts differ); a
 model folder uses ``--recipe`` (default ``base``).
 
-``--objective`` (default: the recipe's, ``sentcl.recipes``): ``contrastive`` (two views of each sentence), ``tsdae``
+``--objective`` (default: the recipe's, ``sentcl.training.recipes``): ``contrastive`` (two views of each sentence), ``tsdae``
 (``transfer.tsdae`` over the init's recipe) or ``distill`` (``transfer.distillation`` over it).
 
-``--preset`` (default ``transfer.preset``): a published recipe over the init's (``sentcl.recipes.PRESETS``);
+``--preset`` (default ``transfer.preset``): a published recipe over the init's (``sentcl.training.recipes.PRESETS``);
 ``--preset promptbert`` is PromptBERT's unsupervised training (two templates, each denoised, InfoNCE at 0.05,
 params ``train.prompt``), and the output folder carries its prompt pooling (``sentcl_pooling.json``).
 
@@ -34,12 +34,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from sentcl import recipes, training_data
-from sentcl.domain import DomainTextError, read_flag_pairs
-from sentcl.encoder import resolve_model_path
-from sentcl.teacher import TeacherError, TeacherVectors
-from sentcl.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
-from sentcl.training_data import INIT_NAMES
+from sentcl.data.domain import DomainTextError, read_flag_pairs
+from sentcl.model.encoder import resolve_model_path
+from sentcl.model.teacher import TeacherError, TeacherVectors
+from sentcl.training import data as training_data
+from sentcl.training import recipes
+from sentcl.training.data import INIT_NAMES
+from sentcl.training.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
 from stages import training
 from stages.common import DATA, RAW, fail, load_params, missing_model, offline_hub
 
@@ -50,7 +51,7 @@ log = logging.getLogger("stages.transfer")
 
 def transfer_config(params: dict[str, Any], recipe: str | None, overrides: dict[str, Any]) -> TrainConfig:
     """``train`` + ``transfer`` + ``transfer.<recipe>`` (+ the objective's subsection) + overrides, as
-    ``sentcl.recipes.transfer_sections`` resolves them (the report reads the same)."""
+    ``sentcl.training.recipes.transfer_sections`` resolves them (the report reads the same)."""
     return training.build_config(params, recipes.transfer_sections(params, recipe, overrides))
 
 

@@ -5,7 +5,7 @@ data/processed/nli.parquet (dataset, split, premise, hypothesis, label, source, 
 reports/validation.json (an uncached output), with metrics/validate.json (pairs, violations) as the DVC metric.
 On any violation it prints one line per violation (file:line: rule), exits non-zero and
 leaves the previous data/processed untouched: the new tables are written to a temporary folder and swapped in
-only on success. The tables and report are ``sentcl.validation``; the expectations, ``sentcl_gx.validation``.
+only on success. The tables and report are ``sentcl.data.validation``; the expectations, ``sentcl_gx.validation``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import sys
 import time
 from pathlib import Path
 
-from sentcl.senteval import DataFormatError
-from sentcl.validation import (
+from sentcl.data.senteval import DataFormatError
+from sentcl.data.validation import (
     Violation,
     build_report,
     checked_tables,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from sentcl.analysis import (
+from sentcl.evaluation.analysis import (
     alignment,
     bucket_of,
     pooled_without_frequent,
@@ -16,8 +16,8 @@ from sentcl.analysis import (
     token_frequencies,
     uniformity,
 )
-from sentcl.evaluation import Subset
-from sentcl.fast_encode import FastEncoder
+from sentcl.evaluation.benchmark import Subset
+from sentcl.model.fast_encode import FastEncoder
 from tests.test_evaluation import make_tiny_model
 
 

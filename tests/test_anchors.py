@@ -16,8 +16,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sentcl.encoder import Encoder
-from sentcl.objectives import Embedder, build_objective
+from sentcl.model.encoder import Encoder
+from sentcl.training.objectives.base import Embedder
+from sentcl.training.objectives.factory import build_objective
 from tests.tiny import make_tiny_encoder, train_config
 
 PAIRS = [
@@ -211,7 +212,7 @@ def esimcse_entries(model, params, sentences, tokenizer, dense):
 
 
 def test_esimcse_queue_momentum_rule_eval_mode_projection_order_and_cap(tmp_path):
-    from sentcl.train import Trainer
+    from sentcl.training.train import Trainer
     from tests.tiny import tiny_sentences
 
     texts = tiny_sentences(16, seed=3)
@@ -303,7 +304,7 @@ def transformers3_adamw_step(params, grads, state, lr, weight_decay, betas=(0.9,
 
 
 def test_consert_optimizer_step_is_transformers3_adamw_without_bias_correction():
-    from sentcl.train import BertAdamW
+    from sentcl.training.train import BertAdamW
 
     torch.manual_seed(0)
     start = [torch.randn(5, 3), torch.randn(4)]
@@ -339,7 +340,7 @@ def test_consert_param_groups_and_schedule_follow_fit(tmp_path):
     ConSERT main.py's ``warmup_steps = ceil(len(train_dataset) * num_epochs / train_batch_size * 0.1)``."""
     import math
 
-    from sentcl.train import BertAdamW, Trainer
+    from sentcl.training.train import BertAdamW, Trainer
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
     steps = 40
@@ -385,7 +386,7 @@ def test_consert_warmup_count_matches_main_py_on_the_paper_corpus():
     (the DataLoader keeps the last, short batch: ceil(89,192 / 96) = 930 steps an epoch)."""
     import math
 
-    from sentcl.train import consert_schedule
+    from sentcl.training.train import consert_schedule
 
     n, batch = 89192, 96
     steps_per_epoch = math.ceil(n / batch)
@@ -427,7 +428,7 @@ def test_consert_corpus_is_its_89192_sentences():
 
     import pytest
 
-    from sentcl.senteval import consert_corpus
+    from sentcl.data.senteval import consert_corpus
 
     root = Path(__file__).resolve().parent.parent
     mirror = Path(os.environ.get("SENTEVAL_MIRROR", root.parent / "shared" / "senteval"))
@@ -446,7 +447,7 @@ def test_span_view_is_consert_pad_ids_with_the_original_mask(tmp_path):
     """ConSERT BertModel.forward: ``extended_attention_mask`` is built from the original mask *before*
     ``_sample_span`` masks ids and mask, so only the ids change for the encoder (outside the span: id 0, [PAD],
     still attended); the Transformer module hands Pooling ``features['attention_mask']``, the original one."""
-    from sentcl.views import ViewConfig, sample_span
+    from sentcl.training.views import ViewConfig, sample_span
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
     rates = ViewConfig(0.1, 0.1, 0.1, 0.5, 0.1, 0.01, 0.3)
@@ -474,7 +475,7 @@ def test_span_view_is_consert_pad_ids_with_the_original_mask(tmp_path):
 def test_shuffled_positions_reach_the_position_embeddings(tmp_path):
     """The shuffle view's permuted ids are what the position-embedding table is read with (BertEmbeddings:
     ``position_embeddings(position_ids)``), and the sentence vector changes with them."""
-    from sentcl.views import ViewConfig
+    from sentcl.training.views import ViewConfig
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
     rates = ViewConfig(0.1, 0.1, 0.1, 0.1, 0.1, 0.01, 0.3)
@@ -507,7 +508,7 @@ def test_shuffled_positions_reach_the_position_embeddings(tmp_path):
 def test_word_repetition_never_duplicates_cls_or_sep(tmp_path):
     """ESimCSE train.py: ``dup = sorted(random.sample(range(1, input_len - 1), add_len))  # not [CLS]``: each
     output row has exactly one [CLS], first, and one [SEP], last, over many draws and lengths."""
-    from sentcl.views import repeat_words
+    from sentcl.training.views import repeat_words
     from tests.tiny import tiny_sentences
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
@@ -562,7 +563,7 @@ def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
     gradient on). sentcl's delta passes (the template alone, with shifted position ids) must do the same."""
     from transformers import AutoTokenizer, BertTokenizerFast
 
-    from sentcl.train import Trainer
+    from sentcl.training.train import Trainer
     from tests.tiny import tiny_sentences, tiny_vocab
 
     folder = make_tiny_encoder(tmp_path, dropout=0.3)
@@ -598,7 +599,7 @@ def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
 def test_adversarial_joint_with_gradient_caching_equals_one_large_batch(tmp_path):
     """The adversarial pass reuses the clean pass's embedding output: gradient caching's replay must rebuild both,
     so accumulating 4 micro-batches still gives the weights of one large batch (fp32 pinned)."""
-    from sentcl.train import Trainer
+    from sentcl.training.train import Trainer
     from tests.tiny import tiny_sentences
 
     folder = make_tiny_encoder(tmp_path, dropout=0.0)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sentcl.registry import GateConfig
+from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import auth, registry, store
 from tests.test_mlflow_outage import make_release
 from tests.test_registry import TABLE, free_port

@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sentcl import fetching, validation
-from sentcl.senteval import EXPECTED_NLI, EXPECTED_PAIRS
+from sentcl.data import fetching, validation
+from sentcl.data.senteval import EXPECTED_NLI, EXPECTED_PAIRS
 from stages import fetch as fetch_stage
 from stages import validate as validate_stage
 
@@ -355,7 +355,7 @@ def test_validate_command_prints_violations_and_exits_nonzero(tmp_path):
 
 
 def test_readers_raise_on_first_problem_outside_validation(raw_copy):
-    from sentcl.senteval import DataFormatError, read_sts_subset
+    from sentcl.data.senteval import DataFormatError, read_sts_subset
 
     _mutate(raw_copy / "STS/STS12-en-test/STS.gs.MSRpar.txt", 9, b"high")
     with pytest.raises(DataFormatError, match=r"STS.gs.MSRpar.txt:9: score is a number"):

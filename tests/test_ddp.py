@@ -9,9 +9,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from sentcl.encoder import Encoder
-from sentcl.losses import nt_xent, sup_simcse
-from sentcl.train import Trainer
+from sentcl.model.encoder import Encoder
+from sentcl.training.losses import nt_xent, sup_simcse
+from sentcl.training.train import Trainer
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 
 TEXTS = tiny_sentences(32, seed=2)

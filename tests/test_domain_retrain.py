@@ -12,9 +12,9 @@ import pytest
 import torch
 import yaml
 
-from sentcl.encoder import Encoder
-from sentcl.train import Trainer, selectable
-from sentcl.training_data import count_truncated
+from sentcl.model.encoder import Encoder
+from sentcl.model.folder import count_truncated
+from sentcl.training.train import Trainer, selectable
 from stages.training import read_texts
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
@@ -148,7 +148,7 @@ def test_tsdae_decoder_is_tied_to_the_encoder_and_keeps_its_weights_in_memory(ti
     with torch.no_grad():
         encoder.model.embeddings.word_embeddings.weight.add_(0.5)  # differs from the folder now
     moved = encoder.model.embeddings.word_embeddings.weight.detach().clone()
-    from sentcl.objectives import build_objective
+    from sentcl.training.objectives.factory import build_objective
 
     objective = build_objective(train_config(objective="tsdae"), encoder.dim, encoder)
     decoder = objective.dae.decoder
@@ -254,16 +254,16 @@ def test_long_lines_are_counted_not_refused(tiny_model, tmp_path):
     (tmp_path / "t.txt").write_text(f"{short}\n{long}\n")
     texts = read_texts(tmp_path / "t.txt")
     assert texts == [short, long]
-    assert count_truncated(texts, tokenizer, 32) == 0
-    assert count_truncated(texts, tokenizer, 31) == 1
-    assert count_truncated(texts, tokenizer, 5) == 2
+    assert count_truncated(tokenizer, texts, 32) == 0
+    assert count_truncated(tokenizer, texts, 31) == 1
+    assert count_truncated(tokenizer, texts, 5) == 2
 
 
 # --- the inbox ------------------------------------------------------------------------------------------------
 
 
 def test_new_inbox_files_are_those_not_archived_and_not_still_uploading(tmp_path):
-    from sentcl.domain import in_inbox, new_inbox_files
+    from sentcl.data.domain import in_inbox, new_inbox_files
 
     box = tmp_path / "inbox"
     (box / "processed" / "2026-11-29").mkdir(parents=True)
@@ -282,7 +282,7 @@ def test_new_inbox_files_are_those_not_archived_and_not_still_uploading(tmp_path
 
 
 def test_archive_moves_files_under_processed_date_and_never_overwrites(tmp_path):
-    from sentcl.domain import archive
+    from sentcl.data.domain import archive
 
     box = tmp_path / "inbox"
     (box / "team-a").mkdir(parents=True)
@@ -300,7 +300,7 @@ def test_archive_moves_files_under_processed_date_and_never_overwrites(tmp_path)
 
 
 def test_reading_only_the_new_files_fingerprints_only_them(tmp_path):
-    from sentcl.domain import read_domain_text
+    from sentcl.data.domain import read_domain_text
 
     (tmp_path / "a.txt").write_text("one sentence\ntwo sentences\n")
     (tmp_path / "b.txt").write_text("three sentences\nfour sentences\n")
@@ -406,7 +406,7 @@ def test_sick_triple_is_train_sentences_trial_pairs_and_test_pairs():
 
 def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_args, capsys):
     from benchmarks.bench_domain import main
-    from sentcl.sts import STSEvaluator
+    from sentcl.evaluation.sts import STSEvaluator
 
     args, tmp_path, _ = stage_args
     model = args[args.index("--init") + 1]
@@ -535,7 +535,7 @@ def _bench_with_teacher(stage_args, teacher, dev_pairs, methods, capsys):
 
 def test_bench_domain_skips_distilling_from_a_teacher_no_better_than_the_student(stage_args, capsys):
     """The teacher is the starting model itself: both numbers printed and stored, the method untrained."""
-    from sentcl.sts import STSEvaluator
+    from sentcl.evaluation.sts import STSEvaluator
 
     args, tmp_path, _ = stage_args
     student = args[args.index("--init") + 1]
@@ -553,8 +553,8 @@ def test_bench_domain_skips_distilling_from_a_teacher_no_better_than_the_student
 
 def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
     """Dev gold = the teacher's own cosine: it leads by far, so distill trains, from the stage's vectors."""
-    from sentcl.fast_encode import FastEncoder
-    from sentcl.sts import cosine
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.fast_encode import FastEncoder
     from tests.test_distill import make_tiny_teacher
 
     _, tmp_path, _ = stage_args

@@ -26,8 +26,8 @@ def dvc(repo: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    from sentcl.model_evaluation import write_summaries
-    from sentcl.validation import summary
+    from sentcl.data.validation import summary
+    from sentcl.evaluation.models import write_summaries
 
     repo = tmp_path_factory.mktemp("views")
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)

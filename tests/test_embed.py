@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from sentcl.embedding_io import fast_settings
+from sentcl.model.embedding_io import fast_settings
 from stages import embed
 from tests.tiny import make_tiny_encoder
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sentcl.encoder import Encoder
-from sentcl.evaluation import (
+from sentcl.data.senteval import STS_TASKS
+from sentcl.evaluation.benchmark import (
     TASKS,
     Benchmark,
     Subset,
@@ -19,8 +19,9 @@ from sentcl.evaluation import (
     markdown_table,
     protocol_scores,
 )
-from sentcl.fast_encode import FastEncoder, model_max_length
-from sentcl.senteval import STS_TASKS
+from sentcl.model.encoder import Encoder
+from sentcl.model.fast_encode import FastEncoder
+from sentcl.model.folder import model_max_length
 from tests.tiny import make_tiny_encoder, tiny_vocab
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "senteval"
@@ -135,7 +136,7 @@ def test_mean_protocol_averages_subsets_unweighted_by_size():
 def test_dev_splits_are_scored_apart_from_the_seven_tasks():
     """Hand-made vectors: the STS-B dev pairs' cosines rank as their golds (+100), SICK trial's against them
     (-100), and neither enters the seven tasks' table or its average."""
-    from sentcl.evaluation import score_vectors
+    from sentcl.evaluation.benchmark import score_vectors
 
     angles = {"d0": 0.0, "d1": 0.5, "d2": 1.0, "s0": 0.0, "s1": 0.5, "s2": 1.0, "t0": 0.0, "t1": 0.3}
     vectors = np.array([[np.cos(a), np.sin(a)] for a in angles.values()])
@@ -156,7 +157,7 @@ def test_dev_splits_are_scored_apart_from_the_seven_tasks():
 
 
 def test_identical_rows_are_exact_ties_at_cosine_one():
-    from sentcl.sts import cosine
+    from sentcl.evaluation.sts import cosine
 
     x = np.random.default_rng(0).normal(size=(200, 384)).astype(np.float32)
     unit = x / np.linalg.norm(x, axis=1, keepdims=True)
@@ -329,7 +330,7 @@ def test_standalone_command_refuses_a_folder_not_in_senteval_layout(tiny_model, 
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "STS").is_dir(), reason="needs the SentEval mirror beside the checkout")
 def test_bundled_minilm_reproduces_its_published_mteb_scores():
-    from sentcl.model_evaluation import evaluate_model
+    from sentcl.evaluation.models import evaluate_model
 
     result = evaluate_model("all-MiniLM-L6-v2", load_benchmark(SHARED), progress=False)
     published = {
@@ -349,7 +350,7 @@ def test_weights_digest_ignores_the_tokenizers_saved_call_state_but_not_its_voca
     no encoder here reads that state, so a stage that returns its init must still count as the same weights."""
     import shutil
 
-    from sentcl.model_evaluation import weights_digest
+    from sentcl.evaluation.models import weights_digest
 
     same, other = tmp_path / "same", tmp_path / "other"
     shutil.copytree(tiny_model, same)

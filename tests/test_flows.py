@@ -125,7 +125,7 @@ def test_watcher_ignores_what_a_retrain_archives(tmp_path):
     from watchdog.events import FileCreatedEvent, FileMovedEvent
 
     from flows.watch import InboxHandler
-    from sentcl.domain import archive
+    from sentcl.data.domain import archive
 
     seen: list[Path] = []
     handler = InboxHandler(emit=seen.append, settle_s=0.1, folder=tmp_path)
@@ -226,7 +226,7 @@ def test_run_stage_classifies_by_exit_code_only(tmp_path):
 
 def test_event_triggered_retrain_reads_only_inside_the_inbox(tmp_path, monkeypatch):
     from flows.retrain import check_inside_inbox
-    from sentcl.domain import DomainTextError
+    from sentcl.data.domain import DomainTextError
 
     box = tmp_path / "inbox"
     box.mkdir()
@@ -390,7 +390,7 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
     import yaml
 
     from flows import retrain as module
-    from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_method
+    from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_method
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert retrain_method(params) == params["retrain"]["method"] in RETRAIN_METHODS
@@ -666,7 +666,7 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     import yaml
 
     from flows import retrain as module
-    from sentcl.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher
+    from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert RETRAIN_METHODS["distill+contrastive"] == ("distill", "contrastive")
@@ -697,8 +697,8 @@ def test_a_teacher_no_better_than_the_student_trains_nothing_and_registers_nothi
     from mlflow import MlflowClient
 
     from flows.retrain import retrain
-    from sentcl.encoder import Encoder
-    from sentcl.sts import STSEvaluator
+    from sentcl.evaluation.sts import STSEvaluator
+    from sentcl.model.encoder import Encoder
     from tests.tiny import tiny_sentences
 
     box, options = tiny_inbox
@@ -713,7 +713,7 @@ def test_a_teacher_no_better_than_the_student_trains_nothing_and_registers_nothi
     assert result["runs"] == [] and MlflowClient().search_registered_models() == []
     teacher = result["teacher"]
     # Both are the student: its Spearman on the pairs, with sentcl's own encoder (mean pooling, fp32).
-    from sentcl.domain import read_scored_pairs
+    from sentcl.data.domain import read_scored_pairs
 
     encoder = Encoder.from_pretrained(str(student))
     expected = STSEvaluator(read_scored_pairs(dev))(lambda s: encoder.encode(s, pooling="last-avg"))
@@ -737,8 +737,8 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     import yaml
 
     from flows.retrain import retrain
-    from sentcl.fast_encode import FastEncoder
-    from sentcl.sts import cosine
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.fast_encode import FastEncoder
     from tests.test_distill import make_tiny_teacher
     from tests.test_evaluation import write_mini_senteval
     from tests.tiny import tiny_sentences

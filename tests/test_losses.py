@@ -13,9 +13,10 @@ import math
 import pytest
 import torch
 
-from sentcl.encoder import Encoder
-from sentcl.losses import NLIHead, info_nce, nli_loss, nt_xent, sup_simcse
-from sentcl.objectives import Embedder, build_objective
+from sentcl.model.encoder import Encoder
+from sentcl.training.losses import NLIHead, info_nce, nli_loss, nt_xent, sup_simcse
+from sentcl.training.objectives.base import Embedder
+from sentcl.training.objectives.factory import build_objective
 from tests.tiny import make_tiny_encoder, train_config
 
 LARGE_NUM = 1e9

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from sentcl.registry import weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import weight_file_digests, weights_fingerprint
 from sentcl_mlflow import errors, registry, store
 from tests.test_registry import TABLE, free_port
 from tests.tiny import make_tiny_encoder

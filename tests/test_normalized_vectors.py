@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from sentcl.encoder import Encoder
+from sentcl.model.encoder import Encoder
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ def _module_types(folder: Path) -> list[str]:
 def test_models_base_keeps_the_bundled_models_normalize(tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from sentcl.encoder import resolve_model_path
+    from sentcl.model.encoder import resolve_model_path
     from stages import base
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
@@ -64,7 +64,7 @@ def test_a_checkpoint_saved_from_a_normalizing_folder_and_its_onnx_graph_normali
 
     import onnxruntime as ort
 
-    from sentcl.release import export_onnx
+    from sentcl.registry.release import export_onnx
 
     report = export_onnx(tmp_path / "trained", 32)
     assert report["normalized"] is True and report["max_abs_diff_vs_pytorch"] <= 1e-4

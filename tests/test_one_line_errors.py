@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sentcl.domain import DomainTextError, read_scored_pairs
+from sentcl.data.domain import DomainTextError, read_scored_pairs
 
 ROOT = Path(__file__).resolve().parent.parent
 

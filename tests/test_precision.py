@@ -7,9 +7,15 @@ import pytest
 import torch
 import yaml
 
-from sentcl.encoder import Encoder
-from sentcl.precision import bf16_autocast, cpu_has_native_bf16, describe_precision, parse_bf16, use_bf16
-from sentcl.train import Trainer
+from sentcl.model.encoder import Encoder
+from sentcl.training.precision import (
+    bf16_autocast,
+    cpu_has_native_bf16,
+    describe_precision,
+    parse_bf16,
+    use_bf16,
+)
+from sentcl.training.train import Trainer
 from stages.common import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 

@@ -12,23 +12,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sentcl.encoder import Encoder, resolve_model_path
-from sentcl.fast_encode import FastEncoder
-from sentcl.model_pooling import (
+from sentcl.model.encoder import Encoder, resolve_model_path
+from sentcl.model.fast_encode import FastEncoder
+from sentcl.model.pooling import (
     POOLING_FILE,
     ModelPooling,
     PromptSettings,
     read_model_pooling,
 )
-from sentcl.prompt import (
+from sentcl.model.prompt import (
     PAPER_TEMPLATE,
     PAPER_TRAIN_TEMPLATES,
-    MLPHead,
     NoMaskTokenError,
-    PromptContrastiveLoss,
     PromptPooler,
     template_ids,
 )
+from sentcl.training.objectives.promptbert import MLPHead, PromptContrastiveLoss
 from tests.test_evaluation import make_tiny_model, write_mini_senteval
 
 TEMPLATE = PAPER_TEMPLATE  # This sentence : "[X]" means [MASK] .
@@ -231,7 +230,7 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     tiny, tmp_path, monkeypatch
 ):
     import stages.evaluate as stage
-    from sentcl.model_evaluation import evaluate_model
+    from sentcl.evaluation.models import evaluate_model
 
     folder, _, _ = tiny
     data = tmp_path / "senteval"
@@ -284,9 +283,9 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
 def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tiny, tmp_path):
     import onnxruntime as ort
 
-    from sentcl.embedding_io import embed
-    from sentcl.fast_encode import model_max_length
-    from sentcl.release import export_onnx
+    from sentcl.model.embedding_io import embed
+    from sentcl.model.folder import model_max_length
+    from sentcl.registry.release import export_onnx
     from stages.pyfunc_encoder import SentenceEncoderModel
 
     folder, _, _ = tiny
@@ -326,9 +325,9 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
 
 
 def test_the_promptbert_objective_piece_gives_the_pure_loss_through_the_trainers_embedder(tiny):
-    from sentcl.objectives import Embedder
-    from sentcl.prompt import PromptBERTObjective
-    from sentcl.views import ViewConfig
+    from sentcl.training.objectives.base import Embedder
+    from sentcl.training.objectives.promptbert import PromptBERTObjective
+    from sentcl.training.views import ViewConfig
 
     folder, model, tokenizer = tiny
     encoder = Encoder(model, tokenizer, max_length=64)

@@ -2,7 +2,7 @@
 own arithmetic written out by hand, and a trained folder is scored (during training and after) with the prompt
 pooling it is saved with, not last-avg.
 
-The transcription below follows kongds/Prompt-BERT, not sentcl/prompt.py: the templates are run.sh's own strings
+The transcription below follows kongds/Prompt-BERT, not sentcl/model/prompt.py: the templates are run.sh's own strings
 (``*cls*_This_sentence_of_"*sent_0*"_means*mask*.*sep+*``), split into ``bs``/``es`` as train.py does (lines
 618-641, ``prepare_features``), the delta is models.py ``get_delta`` (50 lengths, suffix positions shifted after
 ``len(cls.bs) + 1``), and the loss is models.py ``cl_forward``.
@@ -18,10 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from sentcl.encoder import Encoder
-from sentcl.model_pooling import ModelPooling, PromptSettings, read_model_pooling
-from sentcl.sts import STSEvaluator
-from sentcl.train import Trainer
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.model.encoder import Encoder
+from sentcl.model.pooling import ModelPooling, PromptSettings, read_model_pooling
+from sentcl.training.train import Trainer
 from tests.tiny import make_tiny_encoder, tiny_sentences, tiny_vocab, train_config, write_tiny_processed
 
 # run.sh unsup-bert TEMPLATE and TEMPLATE2 (sup-bert trains on TEMPLATE alone), --temp 0.05.
@@ -185,7 +185,7 @@ def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_m
     """Two steps of `stages.transfer --preset promptbert`: STS-B dev during training and the saved folder both use
     the prompt pooling, and `stages.evaluate` scores the folder with it (not last-avg)."""
     import stages.evaluate as evaluate
-    from sentcl.training_data import stsb_dev
+    from sentcl.training.data import stsb_dev
     from stages import transfer
     from stages.common import load_params
     from stages.training import load_pairs

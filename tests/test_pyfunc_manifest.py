@@ -31,7 +31,7 @@ def registered(tiny_model):
     import mlflow
     from sentence_transformers import SentenceTransformer
 
-    from sentcl.registry import weight_file_digests, weights_fingerprint
+    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
 
     store._configured = None
     expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)

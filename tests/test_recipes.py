@@ -1,4 +1,4 @@
-"""One resolver (sentcl.recipes) says which params.yaml sections a training run's settings come from: the
+"""One resolver (sentcl.training.recipes) says which params.yaml sections a training run's settings come from: the
 transfer stage builds its config from it and the report reads it, so the report names what trained.
 
 The params here are built by hand with params.yaml's shape; the expected values follow its rules: the objective
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from sentcl import recipes
+from sentcl.training import recipes
 
 
 def params() -> dict:

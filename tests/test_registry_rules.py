@@ -1,4 +1,4 @@
-"""sentcl.registry: the gate's rule, GateConfig from params.yaml, what blocks a promotion (pure, no MLflow)."""
+"""sentcl.registry.rules: the gate's rule, GateConfig from params.yaml, what blocks a promotion (pure, no MLflow)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import pytest
 import yaml
 
-from sentcl.registry import (
+from sentcl.registry.rules import (
     TAG_DEV,
     TAG_ROLLED_BACK,
     TAG_STS,

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 SAVE = """
 import sys
-from sentcl.encoder import Encoder
+from sentcl.model.encoder import Encoder
 Encoder.from_pretrained(sys.argv[1]).save(sys.argv[2])
 """
 

@@ -1,5 +1,5 @@
 """The transfer stage's built-in texts are disjoint from the evaluated sentences as the model sees them: no training
-sentence has the token ids of an excluded one (sentcl.texts), on a tiny tokenizer and on the real data."""
+sentence has the token ids of an excluded one (sentcl.data.texts), on a tiny tokenizer and on the real data."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import pandas as pd
 import pytest
 from transformers import AutoTokenizer
 
-from sentcl.encoder import Encoder, resolve_model_path
-from sentcl.texts import drop_token_identical, heldout_texts, token_keys
+from sentcl.data.texts import drop_token_identical, heldout_texts, token_keys
+from sentcl.model.encoder import Encoder, resolve_model_path
 from stages.training import transfer_texts
 from tests.tiny import write_tiny_processed
 
@@ -123,7 +123,7 @@ def test_real_data_has_no_token_identical_overlap(capsys):
     reads as an STS-B dev or SICK-R trial sentence, no inductive one as a dev or test sentence. By string only,
     292 of the 2,909 unique STS-B dev sentences had a token-identical twin in the heldout text (counted when this
     was found), and 698 of SICK-R trial's 924 are SICK-R test sentences."""
-    from sentcl.validation import load_tables
+    from sentcl.data.validation import load_tables
 
     start = time.perf_counter()
     pairs, nli, _ = load_tables(SHARED, [])
@@ -165,7 +165,7 @@ def test_real_data_has_no_token_identical_overlap(capsys):
 
 
 def test_text_pairs_keep_only_pairs_whose_two_sides_are_training_sentences():
-    from sentcl.texts import text_pairs
+    from sentcl.data.texts import text_pairs
 
     pairs = pd.DataFrame(
         {

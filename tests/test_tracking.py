@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sentcl.domain import DomainTextError, read_domain_text, read_scored_pairs
+from sentcl.data.domain import DomainTextError, read_domain_text, read_scored_pairs
 from sentcl_mlflow import runs, store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from sentcl.encoder import Encoder
-from sentcl.train import Trainer
-from sentcl.training_data import nli_triplets
+from sentcl.model.encoder import Encoder
+from sentcl.training.data import nli_triplets
+from sentcl.training.train import Trainer
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
@@ -91,7 +91,7 @@ def test_selection_keeps_the_best_evaluation_and_stops_early(tiny_model):
     assert result.best_score == max(scores) and result.rows[0]["step"] == 0
     if result.stopped_early:
         assert result.steps < 40 and scores[-2:] <= [result.best_score] * 2
-    from sentcl.sts import STSEvaluator
+    from sentcl.evaluation.sts import STSEvaluator
 
     rescored = STSEvaluator(DEV)(lambda s: encoder.encode(s, pooling="last-avg"))
     assert rescored == pytest.approx(result.best_score, abs=1e-4)  # the encoder holds the selected weights
@@ -185,8 +185,8 @@ def test_training_classes_repeat_no_default_of_params_yaml():
     """params.yaml is the only home of a default: the config dataclasses declare none of their own."""
     from dataclasses import MISSING, fields
 
-    from sentcl.train import TrainConfig
-    from sentcl.views import ViewConfig
+    from sentcl.training.train import TrainConfig
+    from sentcl.training.views import ViewConfig
 
     for kind in (TrainConfig, ViewConfig):
         with_default = [
@@ -325,7 +325,7 @@ def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
 
 
 def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
-    from sentcl.analysis_runs import sweep_params
+    from sentcl.evaluation.analysis_runs import sweep_params
     from stages.common import load_params
 
     params = load_params()
@@ -342,7 +342,7 @@ def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
 
 
 def test_aug_grid_single_cells_are_each_view_with_itself_and_with_none():
-    from sentcl.analysis_runs import GRID_VIEWS, grid_pairs
+    from sentcl.evaluation.analysis_runs import GRID_VIEWS, grid_pairs
 
     assert len(grid_pairs(GRID_VIEWS, "all")) == 25
     single = grid_pairs(GRID_VIEWS, "single")

@@ -41,7 +41,7 @@ def make_tiny_encoder(
     """
     from transformers import BertConfig, BertModel, BertTokenizerFast
 
-    from sentcl.encoder import Encoder
+    from sentcl.model.encoder import Encoder
 
     folder = Path(tmp_path) / name
     folder.mkdir(parents=True, exist_ok=True)

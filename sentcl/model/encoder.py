@@ -2,13 +2,12 @@
 
 Training uses mean pooling of the last layer (``last-avg``); evaluation may ask for ``cls``, ``last2-avg`` or
 ``first-last-avg`` (the average of the embedding-layer output and the last layer, as in SimCSE/ConSERT code),
-or ``prompt`` (PromptBERT: the [MASK] state of a template, sentcl/prompt.py), which also changes tokenization.
+or ``prompt`` (PromptBERT: the [MASK] state of a template, sentcl/model/prompt.py), which also changes tokenization.
 A folder saved with a pooling that sentence-transformers cannot express carries it in ``sentcl_pooling.json``.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -17,7 +16,8 @@ import torch
 from torch import nn
 from transformers import AutoModel, AutoTokenizer, PreTrainedTokenizerBase
 
-from sentcl.model_pooling import (
+from sentcl.model.folder import has_normalize, model_max_length
+from sentcl.model.pooling import (
     POOLING_FILE,
     POOLINGS,
     ModelPooling,
@@ -100,7 +100,7 @@ class Encoder(nn.Module):
 
     def prompt_pooler(self):
         """The ``sentcl.prompt.PromptPooler`` for this encoder's tokenizer, template and max_length."""
-        from sentcl.prompt import PromptPooler
+        from sentcl.model.prompt import PromptPooler
 
         if self.prompt is None:
             raise ValueError("prompt pooling needs prompt settings (template, denoise): Encoder(prompt=...)")
@@ -204,14 +204,6 @@ def _without_load_flags(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokeniz
     return tokenizer
 
 
-def has_normalize(folder: str | Path) -> bool:
-    """Whether a sentence-transformers folder's pipeline (``modules.json``) has a ``Normalize`` module."""
-    modules = Path(folder) / "modules.json"
-    if not modules.is_file():
-        return False
-    return any(str(m.get("type", "")).endswith("Normalize") for m in json.loads(modules.read_text()))
-
-
 def load_folder_encoder(folder: str | Path, device: str | None = None):
     """What to encode a model folder with, honouring the pooling it carries: ``SentenceTransformer(folder)``
     when it carries none (sentence-transformers' own pooling config), else an ``Encoder`` with the folder's
@@ -222,7 +214,5 @@ def load_folder_encoder(folder: str | Path, device: str | None = None):
         from sentence_transformers import SentenceTransformer
 
         return SentenceTransformer(str(folder), device=device)
-    from sentcl.fast_encode import model_max_length
-
     encoder = Encoder.from_pretrained(str(folder), max_length=model_max_length(folder))
     return (encoder.to(device) if device else encoder).eval()

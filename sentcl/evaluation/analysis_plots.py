@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from sentcl.analysis import BUCKETS, bucket_label
+from sentcl.evaluation.analysis import BUCKETS, bucket_label
 
 
 def _plt():

@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from sentcl.evaluation import Subset, spearman100
-from sentcl.fast_encode import FastEncoder
-from sentcl.sts import cosine
+from sentcl.evaluation.benchmark import Subset, spearman100
+from sentcl.evaluation.sts import cosine
+from sentcl.model.fast_encode import FastEncoder
 
 # Gold STS-B scores run 0..5; the last bucket is closed so that 5.0 belongs to it.
 BUCKETS = ((0.0, 1.0), (1.0, 2.0), (2.0, 3.0), (3.0, 4.0), (4.0, 5.0))

@@ -1,6 +1,6 @@
 """Loss arithmetic: ConSERT's NT-Xent, SimCSE's InfoNCE, supervised SimCSE and the SBERT/ConSERT NLI classifier.
 
-Each function is a transcription of its anchor's formula (named beside it); ``sentcl.objectives`` decides which
+Each function is a transcription of its anchor's formula (named beside it); ``sentcl.training.objectives.factory`` decides which
 embeddings go in. Similarities and losses are computed in fp32 whatever the autocast dtype of the encoder.
 
 Under ``torch.distributed`` the contrastive losses all-gather the embeddings of every rank with gradient

@@ -1,7 +1,7 @@
 """What the training stages train and select on, taken from the validate stage's tables (pairs, nli).
 
 ``transfer_texts`` is the transfer stage's target text (README "Target text"); the token-identity rules that
-keep it apart from the selection and test sentences are ``sentcl.texts``.
+keep it apart from the selection and test sentences are ``sentcl.data.texts``.
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 import torch
 
-from sentcl.domain import read_domain_text
-from sentcl.losses import NLI_LABEL_IDS
-from sentcl.recipes import INIT_NAMES
-from sentcl.senteval import consert_corpus
-from sentcl.texts import heldout_texts, inductive_texts, text_pairs
+from sentcl.data.domain import read_domain_text
+from sentcl.data.senteval import consert_corpus
+from sentcl.data.texts import heldout_texts, inductive_texts, text_pairs
+from sentcl.model.folder import count_truncated
+from sentcl.training.losses import NLI_LABEL_IDS
+from sentcl.training.recipes import INIT_NAMES
 
-if TYPE_CHECKING:  # typing only: sentcl.distill is imported where distillation runs
-    from sentcl.distill import DistillConfig
+if TYPE_CHECKING:  # typing only: sentcl.training.objectives.distill is imported where distillation runs
+    from sentcl.training.objectives.distill import DistillConfig
 
 # Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
 STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
@@ -61,7 +62,7 @@ def transfer_texts(
     is independent of training. ``consert``: ConSERT's corpus (all
     STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and the NLI sentences, without any
     sentence token-identical to a sentence of a dev or test split. "Token-identical": the same ids under the
-    model's ``tokenizer`` cut at ``max_length`` (``sentcl.texts``). Anything else is a ``.txt`` file or a folder
+    model's ``tokenizer`` cut at ``max_length`` (``sentcl.data.texts``). Anything else is a ``.txt`` file or a folder
     of them (``sentcl.domain.read_domain_text``, whose skipped files are warnings on ``log``).
 
     An unknown choice raises ``TextChoiceError``; a file or folder without usable text, ``DomainTextError``."""
@@ -91,19 +92,12 @@ def transfer_texts(
     return selection.texts
 
 
-def count_truncated(texts: list[str], tokenizer: Any, max_length: int) -> int:
-    """How many sentences are longer than ``max_length`` tokens (special tokens included): the tokenizer cuts
-    them there, as every anchor does (SentenceTransformer's ``max_seq_length``, ConSERT's ``max_seq_length``)."""
-    lengths = tokenizer(texts, add_special_tokens=True, truncation=False, verbose=False)["input_ids"]
-    return sum(len(ids) > max_length for ids in lengths)
-
-
 def sentence_room(tokenizer: Any, config: Any) -> int:
     """How many tokens (special tokens included) of a sentence the model reads: ``config.max_length``, or inside
     PromptBERT's longest template the room the template leaves (the sentence is cut, never the template)."""
     if config.objective != "promptbert":
         return config.max_length
-    from sentcl.prompt import template_ids
+    from sentcl.model.prompt import template_ids
 
     # count_truncated counts [CLS] and [SEP]; the template holds them, and the sentence gets the rest.
     template = max(template_ids(tokenizer, t).length for t in config.prompt.templates)
@@ -113,7 +107,7 @@ def sentence_room(tokenizer: Any, config: Any) -> int:
 def say_truncated(texts: list[str], tokenizer: Any, max_length: int, config: Any, log: logging.Logger) -> int:
     """Count (and say on ``log``) how many sentences the tokenizer will cut at ``max_length`` tokens
     (``sentence_room``)."""
-    truncated = count_truncated(texts, tokenizer, max_length)
+    truncated = count_truncated(tokenizer, texts, max_length)
     if truncated:
         log.info(
             "%d of %d sentences are longer than %d tokens (model.max_length %d%s): truncated there, as the "
@@ -142,7 +136,7 @@ def training_text(
     tokenizer cuts."""
     from transformers import AutoTokenizer
 
-    from sentcl.encoder import resolve_model_path
+    from sentcl.model.encoder import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
     max_length = sentence_room(tokenizer, config)
@@ -168,7 +162,7 @@ def distill_examples(
     if teacher is None:
         return texts
     if kind == "neighbours":
-        from sentcl.distill import neighbour_groups
+        from sentcl.training.objectives.distill import neighbour_groups
 
         try:
             examples = neighbour_groups(texts, teacher, neighbours)

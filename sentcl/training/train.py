@@ -12,7 +12,7 @@ one of a single large batch; the price is one extra forward pass per micro-batch
 one micro-batch; the similarity matrix is still batch x batch.
 
 Under ``torchrun`` the global ``batch_size`` is split over the ranks; contrastive losses all-gather the
-embeddings (see ``sentcl.losses``) and gradients are averaged with one all-reduce per step (what DDP does;
+embeddings (see ``sentcl.training.losses``) and gradients are averaged with one all-reduce per step (what DDP does;
 done by hand because the cached-gradient passes and unused parameters such as BERT's pooler do not fit DDP's
 hooks).
 """
@@ -35,15 +35,17 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from sentcl.distill import DistillConfig
-from sentcl.encoder import Encoder
-from sentcl.model_pooling import ModelPooling
-from sentcl.objectives import CONTRASTIVE_LOSSES, Embedder, MomentumQueue, Objective, build_objective
-from sentcl.precision import BF16_SETTINGS, describe_precision, use_bf16
-from sentcl.prompt import PromptSettings, PromptTraining
-from sentcl.recipes import PRESETS
-from sentcl.sts import STSEvaluator
-from sentcl.views import NEEDS_LABELS, VIEWS, ViewConfig
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.model.encoder import Encoder
+from sentcl.model.pooling import ModelPooling, PromptSettings
+from sentcl.training.objectives.base import CONTRASTIVE_LOSSES, Embedder, Objective
+from sentcl.training.objectives.contrastive import MomentumQueue
+from sentcl.training.objectives.distill import DistillConfig
+from sentcl.training.objectives.factory import build_objective
+from sentcl.training.objectives.promptbert import PromptTraining
+from sentcl.training.precision import BF16_SETTINGS, describe_precision, use_bf16
+from sentcl.training.recipes import PRESETS
+from sentcl.training.views import NEEDS_LABELS, VIEWS, ViewConfig
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +84,7 @@ class TrainConfig:
     views: tuple[str, str]
     view: ViewConfig
     prompt: PromptTraining  # objective promptbert: templates, denoising, the saved folder's pooling
-    distill: DistillConfig  # objective distill: loss, weight, projection, contrastive term (sentcl.distill)
+    distill: DistillConfig  # objective distill: loss, weight, projection, contrastive term (sentcl.training.objectives.distill)
     encoder_dropout: bool  # the encoder's own dropout during training: a recipe's setting, not the views'
     max_square: bool  # NLI classifier also reads max(u, v)^2 (ConSERT --concatenation_sent_max_square)
     projection: bool  # SimCSE's training-only MLP head (unsupervised contrastive losses only)
@@ -97,7 +99,9 @@ class TrainConfig:
     save_steps: int  # resume checkpoint every this many steps; 0 = at every evaluation
     seed: int
     device: str  # auto | cpu | cuda | cuda:N | mps
-    bf16: bool | str  # auto | true | false: bf16 autocast of the encoder's forward passes (sentcl.precision)
+    bf16: (
+        bool | str
+    )  # auto | true | false: bf16 autocast of the encoder's forward passes (sentcl.training.precision)
     compile: bool  # torch.compile the encoder in place (benchmarks/bench_compile.py measures whether it pays)
 
     def __post_init__(self) -> None:

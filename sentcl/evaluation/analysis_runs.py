@@ -1,4 +1,4 @@
-"""The paper's analyses as runs over model folders (:mod:`sentcl.analysis` holds the measures): the space of each
+"""The paper's analyses as runs over model folders (:mod:`sentcl.evaluation.analysis` holds the measures): the space of each
 model before and after training, frequent-token removal, and the training sweeps (augmentation pairs, few-shot,
 temperature, batch size), each writing its table and its plot."""
 
@@ -15,11 +15,11 @@ from typing import Any
 
 import yaml
 
-from sentcl.analysis import pooled_without_frequent, space_stats, token_frequencies
-from sentcl.analysis_plots import plot_freq_tokens, plot_space, plot_sweep
-from sentcl.encoder import resolve_model_path
-from sentcl.evaluation import load_benchmark, score_vectors
-from sentcl.fast_encode import FastEncoder
+from sentcl.evaluation.analysis import pooled_without_frequent, space_stats, token_frequencies
+from sentcl.evaluation.analysis_plots import plot_freq_tokens, plot_space, plot_sweep
+from sentcl.evaluation.benchmark import load_benchmark, score_vectors
+from sentcl.model.encoder import resolve_model_path
+from sentcl.model.fast_encode import FastEncoder
 
 log = logging.getLogger(__name__)
 CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")

@@ -4,7 +4,7 @@
 instructions (x86 AVX512-BF16 or AMX, AArch64's BF16 extension). On any other CPU, bf16 is emulated by converting
 to fp32 around every matrix product, which is slower than fp32 itself, so ``auto`` keeps fp32 there.
 ``true``/``false`` force it either way. Autocast only covers the encoder's forward pass: the losses cast their
-inputs to fp32 (``sentcl.losses``) and evaluation encodes outside it, so reported scores are fp32 scores.
+inputs to fp32 (``sentcl.training.losses``) and evaluation encodes outside it, so reported scores are fp32 scores.
 """
 
 from __future__ import annotations
@@ -84,5 +84,7 @@ def bf16_autocast(device: torch.device, enabled: bool) -> contextlib.AbstractCon
     return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
-if __name__ == "__main__":  # `python -m sentcl.precision`: what `auto` picks here (printed by .ci/run)
+if (
+    __name__ == "__main__"
+):  # `python -m sentcl.training.precision`: what `auto` picks here (printed by .ci/run)
     print(f"training precision on this machine: {describe_precision('auto', torch.device('cpu'))}")

@@ -35,7 +35,7 @@ RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
 }
 RETRAIN_KEYS = ("method",)
 
-log = logging.getLogger("sentcl.domain")
+log = logging.getLogger("sentcl.data.domain")
 
 
 class DomainTextError(ValueError):

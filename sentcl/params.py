@@ -24,6 +24,6 @@ ParamsLoader.add_implicit_resolver(
 )
 
 
-def load(stream: str | bytes | IO[str]) -> Any:
+def load_yaml(stream: str | bytes | IO[str]) -> Any:
     """``yaml.safe_load`` with YAML 1.2 floats."""
     return yaml.load(stream, Loader=ParamsLoader)  # noqa: S506 - a SafeLoader subclass

@@ -17,7 +17,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from sentcl.registry import choose_checkpoint, dev_scores, weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import choose_checkpoint, dev_scores, weight_file_digests, weights_fingerprint
 
 ONNX_TOLERANCE = 1e-4
 CHECK_SENTENCES = [
@@ -68,7 +68,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     import onnxruntime as ort
     import torch
 
-    from sentcl.encoder import Encoder
+    from sentcl.model.encoder import Encoder
 
     encoder = Encoder.from_pretrained(str(folder), max_length=max_length).eval()  # the folder's own pooling
 
@@ -91,7 +91,7 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
             )
 
     if encoder.pooling == "prompt":
-        from sentcl.prompt import PromptGraph
+        from sentcl.model.prompt import PromptGraph
 
         # [MASK] gather + per-length delta table in the graph; inputs are the prompt-tokenized sentence
         graph = PromptGraph(encoder.model, encoder.prompt_pooler()).eval()
@@ -233,8 +233,8 @@ def beat_init_flags(checkpoint: str, train_metrics_dir: Path) -> tuple[bool, boo
 
 def domain_spearman(folder: Path, pairs: list[tuple[str, str, float]], max_length: int) -> float:
     """Spearman x 100 of a model on the domain's scored pairs, with the same encoder as the STS evaluation."""
-    from sentcl.encoder import Encoder
-    from sentcl.sts import STSEvaluator
+    from sentcl.evaluation.sts import STSEvaluator
+    from sentcl.model.encoder import Encoder
 
     encoder = Encoder.from_pretrained(str(folder), max_length=max_length)
     return STSEvaluator(pairs, name="domain")(encoder.encode)

@@ -1,4 +1,4 @@
-"""What a training stage's run needs around ``sentcl.train``: the process group, the config's sections, and the
+"""What a training stage's run needs around ``sentcl.training.train``: the process group, the config's sections, and the
 records it leaves (model folder, curves CSV, metrics JSON)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from sentcl.encoder import Encoder
-from sentcl.train import TrainConfig, Trainer, TrainResult
+from sentcl.model.encoder import Encoder
+from sentcl.training.train import TrainConfig, Trainer, TrainResult
 
 
 def init_distributed() -> None:
@@ -82,7 +82,7 @@ def run_metrics(
 ) -> dict[str, Any]:
     """A run's final metrics, with what trained it: the init (relative to ``root``), the number of examples, the
     arithmetic, and ``summary``'s counts about the input."""
-    # precision: which arithmetic trained it (bf16 on CPUs with native bf16, fp32 elsewhere; sentcl.precision),
+    # precision: which arithmetic trained it (bf16 on CPUs with native bf16, fp32 elsewhere; sentcl.training.precision),
     # so a score that differs between machines in the second decimal says why.
     return {
         **result.metrics(),

@@ -6,7 +6,7 @@ MTEB reports); "mean" averages the per-subset Spearman (SentEval's default). Sco
 cosine similarity against the gold score. Pairs without a gold score are skipped, as SentEval does.
 
 Encoding is the cost, so the benchmark hands the encoder each unique sentence once (the STS sets repeat many
-sentences) and the encoder is free to batch and order them as it likes; see :mod:`sentcl.fast_encode`.
+sentences) and the encoder is free to batch and order them as it likes; see :mod:`sentcl.model.fast_encode`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import spearmanr
 
-from sentcl.senteval import STS_TASKS, ScoredPair, iter_sts_tasks, read_sick, read_sts_subset, read_stsb
-from sentcl.sts import cosine
+from sentcl.data.senteval import STS_TASKS, ScoredPair, iter_sts_tasks, read_sick, read_sts_subset, read_stsb
+from sentcl.evaluation.sts import cosine
 
 TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
 Encode = Callable[[Sequence[str]], np.ndarray]

@@ -10,7 +10,6 @@ attention and the mean. Nothing lossy (int8, fp16) is used, so scores match the 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import tempfile
@@ -22,8 +21,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from sentcl.encoder import POOLINGS, pool, resolve_model_path
-from sentcl.model_pooling import ModelPooling, PromptSettings
+from sentcl.model.encoder import POOLINGS, pool, resolve_model_path
+from sentcl.model.folder import count_over_limit, model_max_length, transformer_folder
+from sentcl.model.pooling import ModelPooling, PromptSettings
 
 log = logging.getLogger(__name__)
 BACKENDS = ("onnx", "torch")
@@ -72,57 +72,6 @@ def _worker_start(path: str, threads: int) -> None:
 def _worker_run(batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     rows, input_ids, mask = batch
     return rows, _worker_session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
-
-
-def transformer_folder(path: str | Path) -> Path:
-    """The folder holding the Hugging Face model: the root, or the Transformer module's folder of an
-    older sentence-transformers layout (``0_Transformer/``)."""
-    path = Path(path)
-    modules = path / "modules.json"
-    if modules.is_file():
-        for module in json.loads(modules.read_text()):
-            if module.get("type", "").endswith("Transformer") and module.get("path"):
-                return path / module["path"]
-    return path
-
-
-def model_max_length(path: str | Path) -> int:
-    """The truncation length ``SentenceTransformer(path).max_seq_length`` would use: ``max_seq_length`` from
-    sentence_bert_config.json when present, else the smaller of the position-embedding count and the
-    tokenizer's ``model_max_length``; 512 when a folder says nothing."""
-    path = Path(path)
-    for folder in (path, transformer_folder(path)):
-        config = folder / "sentence_bert_config.json"
-        if config.is_file():
-            value = json.loads(config.read_text()).get("max_seq_length")
-            if value:
-                return int(value)
-    limits = []
-    folder = transformer_folder(path)
-    for name, key in (
-        ("config.json", "max_position_embeddings"),
-        ("tokenizer_config.json", "model_max_length"),
-    ):
-        if (folder / name).is_file():
-            value = json.loads((folder / name).read_text()).get(key)
-            if isinstance(value, int | float) and 0 < value < 1e6:
-                limits.append(int(value))
-    return min(limits) if limits else 512
-
-
-def count_truncated(tokenizer, sentences: Sequence[str], max_length: int) -> int:
-    """How many ``sentences`` have more than ``max_length`` tokens (special tokens included), i.e. lose their
-    end to truncation. Only the sentences that reach the limit when truncated are tokenized again in full."""
-    ids = tokenizer([str(s).strip() for s in sentences], truncation=True, max_length=max_length)["input_ids"]
-    return _count_over(tokenizer, sentences, ids, max_length)
-
-
-def _count_over(tokenizer, sentences: Sequence[str], truncated_ids: list[list[int]], max_length: int) -> int:
-    at_limit = [str(sentences[i]).strip() for i, x in enumerate(truncated_ids) if len(x) >= max_length]
-    if not at_limit:
-        return 0
-    full = tokenizer(at_limit, truncation=False, verbose=False)["input_ids"]
-    return sum(len(x) > max_length for x in full)
 
 
 class _Pooled(nn.Module):
@@ -182,9 +131,9 @@ class FastEncoder:
         torch.set_num_threads(self.threads)
         self.prompt_pooler = None
         if pooling == "prompt":
-            # The [MASK] gather and the per-length delta table live in the graph (sentcl/prompt.py PromptGraph),
+            # The [MASK] gather and the per-length delta table live in the graph (sentcl/model/prompt.py PromptGraph),
             # so ONNX Runtime runs them too; the template goes in at tokenization.
-            from sentcl.prompt import PromptGraph, PromptPooler
+            from sentcl.model.prompt import PromptGraph, PromptPooler
 
             self.prompt_pooler = PromptPooler(self.tokenizer, prompt, self.max_length)
             self.torch_model = PromptGraph(
@@ -212,7 +161,7 @@ class FastEncoder:
         """(row indices, input_ids, attention_mask) over all sentences sorted by token length, each batch
         holding at most ``max_tokens`` padded tokens (and ``max_batch`` rows)."""
         ids = self._tokenize(sentences)
-        self.last_truncated = _count_over(self.tokenizer, sentences, ids, self.max_length)
+        self.last_truncated = count_over_limit(self.tokenizer, sentences, ids, self.max_length)
         lengths = np.fromiter((len(x) for x in ids), dtype=np.int64, count=len(ids))
         order = np.argsort(lengths, kind="stable")
         start = 0

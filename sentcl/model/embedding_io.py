@@ -1,7 +1,7 @@
 """Embedding a file of sentences, one a line: the input checks, the encoder a model folder needs, and the output
 file by suffix (``.npy``, ``.jsonl``, ``.csv``, ``.parquet``), written beside its target and moved into place.
 
-Each distinct line is encoded once, in one length-sorted pass (:mod:`sentcl.fast_encode`) when the folder is a
+Each distinct line is encoded once, in one length-sorted pass (:mod:`sentcl.model.fast_encode`) when the folder is a
 pipeline the fast encoder reproduces exactly, else by sentcl's encoder (a carried pooling) or by
 sentence-transformers itself.
 """
@@ -101,11 +101,12 @@ def fast_settings(folder: Path) -> tuple[str, bool] | None:
 
 def make_encoder(folder: Path, max_batch: int, progress: bool) -> tuple[Callable, Callable[[], int], str]:
     """(encode(sentences) -> float32 [n, dim], truncated-count of the last call, backend name)."""
-    from sentcl.fast_encode import FastEncoder, count_truncated
-    from sentcl.model_pooling import read_model_pooling
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl.model.folder import count_truncated
+    from sentcl.model.pooling import read_model_pooling
 
     if read_model_pooling(folder) is not None:  # a pooling the folder carries (PromptBERT): sentcl's encoder
-        from sentcl.encoder import load_folder_encoder
+        from sentcl.model.encoder import load_folder_encoder
 
         carried = load_folder_encoder(folder)
         counted_carried = {"n": 0}

@@ -12,10 +12,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from sentcl.encoder import resolve_model_path
-from sentcl.evaluation import Benchmark, evaluate, markdown_table, order_result
-from sentcl.fast_encode import DEFAULT_MAX_TOKENS, FastEncoder
-from sentcl.model_pooling import ModelPooling, PromptSettings, read_model_pooling
+from sentcl.evaluation.benchmark import Benchmark, evaluate, markdown_table, order_result
+from sentcl.model.encoder import resolve_model_path
+from sentcl.model.fast_encode import DEFAULT_MAX_TOKENS, FastEncoder
+from sentcl.model.pooling import ModelPooling, PromptSettings, read_model_pooling
 
 # The pipeline's checkpoints, and what the evaluate stage uses where params ``evaluate`` says nothing.
 CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")

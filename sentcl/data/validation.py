@@ -15,7 +15,7 @@ from typing import Any
 
 import pandas as pd
 
-from sentcl.senteval import EXPECTED_NLI, EXPECTED_PAIRS, DataFormatError, read_all_nli, read_all_pairs
+from sentcl.data.senteval import EXPECTED_NLI, EXPECTED_PAIRS, DataFormatError, read_all_nli, read_all_pairs
 
 PAIR_COLUMNS = ("task", "subset", "split", "sentence1", "sentence2", "score", "source", "line")
 NLI_COLUMNS = ("dataset", "split", "premise", "hypothesis", "label", "source", "line")

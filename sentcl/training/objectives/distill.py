@@ -162,8 +162,8 @@ def neighbour_groups(texts: Sequence[str], teacher: Any, k: int = 1) -> list[tup
 
 
 class Distill(nn.Module):
-    """The ``distill`` objective (an ``sentcl.objectives.Objective``): sentences in, the teacher's vectors
-    looked up, the configured loss out. ``contrastive`` is a ``sentcl.objectives.Contrastive`` (alpha = its
+    """The ``distill`` objective (an ``sentcl.training.objectives.base.Objective``): sentences in, the teacher's vectors
+    looked up, the configured loss out. ``contrastive`` is a ``sentcl.training.objectives.contrastive.Contrastive`` (alpha = its
     weight) or None."""
 
     examples = "sentences"
@@ -230,23 +230,3 @@ class Distill(nn.Module):
         if self.contrastive is not None:
             loss = loss + self.contrastive.loss(reps, negatives)
         return loss
-
-
-def build_distill(config: Any, dim: int, teacher: Any) -> Distill:
-    """The objective for a ``TrainConfig`` with objective ``distill`` (``sentcl.objectives.build_objective``)."""
-    from sentcl.losses import MLPProjection
-    from sentcl.objectives import Contrastive
-
-    if teacher is None:
-        raise ValueError("objective distill needs the teacher's vectors (stages.teacher)")
-    settings = config.distill
-    contrastive = None
-    if settings.contrastive > 0:
-        contrastive = Contrastive(
-            config.loss,
-            config.temperature,
-            config.views,
-            settings.contrastive,
-            MLPProjection(dim) if config.projection else None,
-        )
-    return Distill(settings, dim, teacher, contrastive)

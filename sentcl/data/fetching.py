@@ -22,8 +22,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from sentcl.senteval import SICK_FILES, SNLI_SPLITS, STSB_SPLITS, iter_sts_tasks
-from sentcl.upstream import nli_jsonl_to_senteval, write_senteval_nli
+from sentcl.data.senteval import SICK_FILES, SNLI_SPLITS, STSB_SPLITS, iter_sts_tasks
+from sentcl.data.upstream import nli_jsonl_to_senteval, write_senteval_nli
 
 SET_SOURCE_HINT = (
     "set SENTEVAL_MIRROR (or data.mirror in params.yaml) to a folder or tarball URL in SentEval layout"

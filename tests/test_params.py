@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from sentcl import params_yaml
+from sentcl.params import load_yaml
 
 
 def test_a_value_set_by_dvc_exp_run_reaches_the_stage_as_a_float(tmp_path, monkeypatch):
@@ -40,5 +40,5 @@ def test_a_value_set_by_dvc_exp_run_reaches_the_stage_as_a_float(tmp_path, monke
     ],
 )
 def test_yaml_1_2_floats_and_nothing_else_changes(text, value):
-    loaded = params_yaml.load(f"x: {text}\n")["x"]
+    loaded = load_yaml(f"x: {text}\n")["x"]
     assert loaded == value and type(loaded) is type(value)
