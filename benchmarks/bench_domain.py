@@ -42,8 +42,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher, teacher_not_better
+from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher, teacher_not_better
 from sentcl.evaluation.sts import STSEvaluator
+from sentcl.params import ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
 from sentcl.training.data import stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
@@ -210,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         fail(f"--from {args.init}: neither base, champion nor a model folder")
     try:
         teachers = {retrain_teacher(params, method) for method in args.method} - {None}
-    except RetrainConfigError as exc:
+    except ParamsError as exc:
         fail(str(exc))
     teacher = teachers.pop() if teachers else None  # every method reads the one teacher.model
     backend = args.backend or params["evaluate"]["backend"]

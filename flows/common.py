@@ -310,7 +310,7 @@ def cli_errors(name: str) -> Iterator[None]:
     busy)."""
     from mlflow.exceptions import MlflowException
 
-    from sentcl.registry.rules import RegistryConfigError
+    from sentcl.params import ParamsError
     from sentcl_mlflow.errors import one_line
     from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
@@ -328,7 +328,7 @@ def cli_errors(name: str) -> Iterator[None]:
         TrackingAuthError,
         NoChampionError,
         WeightsMismatchError,
-        RegistryConfigError,
+        ParamsError,
     ) as e:
         print(f"{name}: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -55,7 +55,6 @@ from flows.common import (
 from sentcl.data.domain import (
     RETRAIN_METHODS,
     DomainTextError,
-    RetrainConfigError,
     archive,
     in_inbox,
     new_inbox_files,
@@ -66,6 +65,7 @@ from sentcl.data.domain import (
     teacher_not_better,
     write_sentences,
 )
+from sentcl.params import ParamsError
 from sentcl.registry.rules import DEV_GUARDS, GateConfig
 from stages.common import PROCESSED, RAW, ROOT, load_params
 
@@ -306,7 +306,7 @@ def retrain(
     settings = load_params(Path(params) if params else None)
     method = method or retrain_method(settings)
     if method not in RETRAIN_METHODS:
-        raise RetrainConfigError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
+        raise ParamsError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
     teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
     checked = check_text(domain_text, files)
     if domain_dev:
@@ -486,14 +486,14 @@ def main(argv: list[str] | None = None) -> int:
             if not Path(args.domain_dev).is_file():
                 raise DomainTextError(f"--domain-dev {args.domain_dev}: no such file")
             read_scored_pairs(args.domain_dev)
-    except (DomainTextError, RetrainConfigError) as e:
+    except (DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
     try:
         with cli_errors("retrain"):
             check_prefect_api()
             retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, keep=args.keep)
-    except (DomainTextError, RetrainConfigError) as e:
+    except (DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
     except SystemExit:

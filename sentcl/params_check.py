@@ -10,6 +10,7 @@ from typing import Any
 from sentcl.evaluation.models import DEFAULTS as EVALUATE_DEFAULTS
 from sentcl.model.fast_encode import BACKENDS
 from sentcl.model.pooling import POOLINGS, PromptSettings
+from sentcl.params import ParamsError, one_of, read_section, text, whole_number
 from sentcl.training.data import TEXT_CHOICES
 
 SECTIONS = (
@@ -30,10 +31,6 @@ SECTIONS = (
 EVALUATE_KEYS = ("pooling", "prompt", "backend", "max_tokens", "checkpoints")
 
 
-class ParamsError(ValueError):
-    """One line naming the key and the rule."""
-
-
 def check_top(params: dict[str, Any]) -> None:
     unknown = sorted(set(params) - set(SECTIONS))
     if unknown:
@@ -41,20 +38,13 @@ def check_top(params: dict[str, Any]) -> None:
     missing = [s for s in SECTIONS if s not in params]
     if missing:
         raise ParamsError(f"params.yaml: section {missing[0]!r} is missing")
-    if isinstance(params["seed"], bool) or not isinstance(params["seed"], int):
-        raise ParamsError(f"params.yaml: seed must be an integer, got {params['seed']!r}")
+    whole_number(params["seed"], "seed")
 
 
 def check_model(params: dict[str, Any]) -> None:
-    model = params["model"]
-    if not isinstance(model, dict) or sorted(model) != ["max_length", "name"]:
-        keys = sorted(model) if isinstance(model, dict) else model
-        raise ParamsError(f"params.yaml: model must have exactly the keys name and max_length, got {keys!r}")
-    if not isinstance(model["name"], str) or not model["name"].strip():
-        raise ParamsError(f"params.yaml: model.name must be a model id or folder, got {model['name']!r}")
-    length = model["max_length"]
-    if isinstance(length, bool) or not isinstance(length, int) or length < 2:
-        raise ParamsError(f"params.yaml: model.max_length must be an integer >= 2, got {length!r}")
+    model = read_section(params, "model", ("name", "max_length"))
+    text(model["name"], "model.name", "a model id or folder")
+    whole_number(model["max_length"], "model.max_length", minimum=2)
 
 
 def check_transfer_text(params: dict[str, Any]) -> None:
@@ -66,31 +56,16 @@ def check_transfer_text(params: dict[str, Any]) -> None:
             f"params.yaml: transfer.texts {texts!r} is neither one of {', '.join(TEXT_CHOICES)} nor a file or folder"
         )
     limit = section.get("max_texts")
-    if limit not in (None, "all") and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise ParamsError(f"params.yaml: transfer.max_texts must be a positive integer or all, got {limit!r}")
+    if limit not in (None, "all"):
+        whole_number(limit, "transfer.max_texts (or all)", minimum=1)
 
 
 def check_evaluate(params: dict[str, Any]) -> None:
-    section = params["evaluate"]
-    if not isinstance(section, dict):
-        raise ParamsError("params.yaml: section 'evaluate' is not a mapping")
-    unknown = sorted(set(section) - set(EVALUATE_KEYS))
-    if unknown:
-        raise ParamsError(
-            f"params.yaml: unknown key {unknown[0]!r} in section 'evaluate' (known: {', '.join(EVALUATE_KEYS)})"
-        )
+    section = read_section(params, "evaluate", EVALUATE_KEYS, optional=EVALUATE_KEYS)
     settings = EVALUATE_DEFAULTS | section
-    if settings["pooling"] not in POOLINGS:
-        raise ParamsError(
-            f"params.yaml: evaluate.pooling {section['pooling']!r} is not one of {', '.join(POOLINGS)}"
-        )
-    if settings["backend"] not in BACKENDS:
-        raise ParamsError(
-            f"params.yaml: evaluate.backend {section['backend']!r} is not one of {', '.join(BACKENDS)}"
-        )
-    tokens = settings["max_tokens"]
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-        raise ParamsError(f"params.yaml: evaluate.max_tokens must be a positive integer, got {tokens!r}")
+    one_of(settings["pooling"], "evaluate.pooling", POOLINGS)
+    one_of(settings["backend"], "evaluate.backend", BACKENDS)
+    whole_number(settings["max_tokens"], "evaluate.max_tokens", minimum=1)
     checkpoints = section.get("checkpoints", [])
     if not isinstance(checkpoints, list) or not all(isinstance(c, str) for c in checkpoints):
         raise ParamsError(f"params.yaml: evaluate.checkpoints must be a list of names, got {checkpoints!r}")

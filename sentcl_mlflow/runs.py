@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from sentcl.digest import update_from_file
 from sentcl_mlflow.store import (
     EXPERIMENT,
     client,
@@ -93,9 +94,7 @@ def _content_hash(path: Path) -> str:
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
     for p in files:
         h.update(str(p.relative_to(path) if path.is_dir() else p.name).encode())
-        with open(p, "rb") as f:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                h.update(block)
+        update_from_file(h, p)
     return "sha256:" + h.hexdigest()
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.params import load_yaml
+from sentcl.params import load_yaml, read_section, whole_number
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -65,22 +65,12 @@ class TrackingConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> TrackingConfig:
-        raw = params.get("tracking")
-        if not isinstance(raw, Mapping):
-            raise ValueError("params.yaml: section 'tracking' is missing or not a mapping")
         names = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(names))
-        if unknown:
-            raise ValueError(
-                f"params.yaml: unknown key {unknown[0]!r} in section 'tracking' (known: {', '.join(names)})"
-            )
+        raw = read_section(params, "tracking", names, optional=names)
         for name in names:
-            value = raw.get(name)
             # MLflow parses these variables as integers; a request without a timeout would be unbounded.
-            low = 1 if name == "request_timeout_s" else 0
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"params.yaml: tracking.{name} must be an integer >= {low}, got {value!r}")
-        return cls(**{name: raw[name] for name in names})
+            whole_number(raw.get(name), f"tracking.{name}", minimum=1 if name == "request_timeout_s" else 0)
+        return cls(**raw)
 
     def worst_case_s(self) -> float:
         """How long one request to a server that accepts and never answers takes to fail, about."""

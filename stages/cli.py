@@ -16,7 +16,7 @@ class BadInput(Exception):
 def run_cli(name: str, main_fn: Callable[[], int]) -> int:
     """``main_fn()``; a tracking server or lock that did not answer exits EXIT_TRANSIENT (a flow retries),
     input a person must fix exits EXIT_BAD_INPUT, each with one line on stderr."""
-    from sentcl.registry.rules import RegistryConfigError
+    from sentcl.params import ParamsError
     from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
@@ -27,7 +27,7 @@ def run_cli(name: str, main_fn: Callable[[], int]) -> int:
         return EXIT_TRANSIENT
     except (
         BadInput,
-        RegistryConfigError,
+        ParamsError,
         TrackingAuthError,
         NoChampionError,
         WeightsMismatchError,

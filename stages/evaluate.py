@@ -31,7 +31,6 @@ from sentcl.model.pooling import POOLINGS
 from stages.common import METRICS, MODELS, RAW, load_params, missing_model, offline_hub
 
 log = logging.getLogger("stages.evaluate")
-CHECKPOINTS = scoring.CHECKPOINTS
 
 
 def run_pipeline(

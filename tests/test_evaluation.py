@@ -19,6 +19,7 @@ from sentcl.evaluation.benchmark import (
     markdown_table,
     protocol_scores,
 )
+from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import Encoder
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.folder import model_max_length
@@ -374,7 +375,7 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
     import stages.evaluate as stage
 
     models, metrics = tmp_path / "models", tmp_path / "metrics"
-    for name in stage.CHECKPOINTS:
+    for name in CHECKPOINTS:
         shutil.copytree(tiny_model, models / name)
     # A different model for one checkpoint: its row must differ from the copies'.
     other = make_tiny_encoder(tmp_path / "other", seed=1)
@@ -386,14 +387,14 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
     results = stage.run_pipeline({"evaluate": {"backend": "torch"}}, mini_data[0], None, None)
 
     written = json.loads((metrics / "sts.json").read_text())
-    assert list(written) == list(stage.CHECKPOINTS) == list(results)
+    assert list(written) == list(CHECKPOINTS) == list(results)
     assert written["nli"]["same_weights_as"] == "base" and written["nli"]["all"] == written["base"]["all"]
     assert "same_weights_as" not in written["joint"] and written["joint"]["all"] != written["base"]["all"]
     assert written["transfer-joint"]["model"] == "models/transfer-joint"
     table = (metrics / "sts.md").read_text()
     assert table.count("| transfer-nli |") == 2  # once per protocol table
     # The DVC metrics: one small file per checkpoint, two keys, two decimals, no wall time or path (issue 14).
-    for name in stage.CHECKPOINTS:
+    for name in CHECKPOINTS:
         summary = json.loads((metrics / "eval" / f"{name}.json").read_text())
         assert summary == {
             "avg": round(written[name]["all"]["avg"], 2),

@@ -390,7 +390,8 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_method
+    from sentcl.data.domain import RETRAIN_METHODS, retrain_method
+    from sentcl.params import ParamsError
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert retrain_method(params) == params["retrain"]["method"] in RETRAIN_METHODS
@@ -400,7 +401,7 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
         ({"method": "tsdae", "steps": 3}, "unknown key 'steps' in section 'retrain'"),
         (None, "section 'retrain' is missing"),
     ):
-        with pytest.raises(RetrainConfigError, match=message.replace("+", r"\+")):
+        with pytest.raises(ParamsError, match=message.replace("+", r"\+")):
             retrain_method({**params, "retrain": bad})
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
     monkeypatch.setattr(module, "load_params", lambda path=None: {**params, "retrain": {"method": "gpl"}})
@@ -666,7 +667,8 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, RetrainConfigError, retrain_teacher
+    from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher
+    from sentcl.params import ParamsError
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert RETRAIN_METHODS["distill+contrastive"] == ("distill", "contrastive")
@@ -675,9 +677,7 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
         retrain_teacher(params | {"teacher": {"model": "all-mpnet-base-v2"}}, "distill")
         == "all-mpnet-base-v2"
     )
-    with pytest.raises(
-        RetrainConfigError, match="retrain.method distill\\+contrastive .* teacher.model is none"
-    ):
+    with pytest.raises(ParamsError, match="retrain.method distill\\+contrastive .* teacher.model is none"):
         retrain_teacher(params | {"teacher": {**params["teacher"], "model": "none"}}, "distill+contrastive")
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
     bad = {**params, "retrain": {"method": "distill"}, "teacher": {**params["teacher"], "model": "none"}}

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import Encoder, resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.pooling import (
@@ -236,7 +237,7 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     data = tmp_path / "senteval"
     write_mini_senteval(data)
     models, metrics = tmp_path / "models", tmp_path / "metrics"
-    for name in stage.CHECKPOINTS:
+    for name in CHECKPOINTS:
         shutil.copytree(folder, models / name)
     own = PromptSettings(PAPER_TRAIN_TEMPLATES[0], denoise=True)
     Encoder.from_pretrained(str(folder), pooling="prompt", prompt=own).save(models / "transfer-base")

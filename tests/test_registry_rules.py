@@ -8,6 +8,7 @@ import json
 import pytest
 import yaml
 
+from sentcl.params import ParamsError
 from sentcl.registry.rules import (
     TAG_DEV,
     TAG_ROLLED_BACK,
@@ -15,7 +16,6 @@ from sentcl.registry.rules import (
     TAG_STSB_DEV,
     TAG_WEIGHTS,
     GateConfig,
-    RegistryConfigError,
     choose_checkpoint,
     dev_scores,
     gate_decision,
@@ -128,22 +128,22 @@ def test_gate_config_comes_from_params_yaml_only():
     ("change", "message"),
     [
         ({"min_dleta": 0.3}, "unknown key 'min_dleta' in section 'registry'"),
-        ({"min_delta": -1}, "registry.min_delta must be >= 0"),
+        ({"min_delta": -1}, "registry.min_delta must be a number >= 0, got -1"),
         ({"max_dev_drop": "lots"}, "registry.max_dev_drop must be a number"),
         ({"max_task_drop": 1.0}, "unknown key 'max_task_drop' in section 'registry'"),
         ({"experiment_model_name": "m"}, "must differ from model_name"),
     ],
 )
 def test_gate_config_errors_name_the_key_in_one_line(change, message):
-    with pytest.raises(RegistryConfigError, match=message) as error:
+    with pytest.raises(ParamsError, match=message) as error:
         GateConfig.from_params({"registry": {**SECTION, **change}})
     assert "\n" not in str(error.value)
 
 
 def test_gate_config_missing_key_or_section():
-    with pytest.raises(RegistryConfigError, match="registry.min_domain_delta is missing"):
+    with pytest.raises(ParamsError, match="registry.min_domain_delta is missing"):
         GateConfig.from_params({"registry": {k: v for k, v in SECTION.items() if k != "min_domain_delta"}})
-    with pytest.raises(RegistryConfigError, match="section 'registry' is missing"):
+    with pytest.raises(ParamsError, match="section 'registry' is missing"):
         GateConfig.from_params({})
 
 

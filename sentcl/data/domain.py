@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from sentcl.params import ParamsError, one_of, read_section
 
 MIN_SENTENCES = 2  # in-batch negatives need at least two distinct sentences
 UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")  # an upload or download still going
@@ -42,25 +43,10 @@ class DomainTextError(ValueError):
     """Domain text that cannot be trained on; the message names the file and the rule."""
 
 
-class RetrainConfigError(ValueError):
-    """params.yaml ``retrain:`` is missing, has an unknown key or an unknown method."""
-
-
 def retrain_method(params: Mapping[str, Any]) -> str:
     """params.yaml ``retrain.method`` (the only home of its default), checked."""
-    section = params.get("retrain")
-    if not isinstance(section, Mapping):
-        raise RetrainConfigError("params.yaml: section 'retrain' is missing or not a mapping")
-    unknown = sorted(set(section) - set(RETRAIN_KEYS))
-    if unknown:
-        raise RetrainConfigError(
-            f"params.yaml: unknown key {unknown[0]!r} in section 'retrain' (known: {', '.join(RETRAIN_KEYS)})"
-        )
-    method = section.get("method")
-    if method not in RETRAIN_METHODS:
-        raise RetrainConfigError(
-            f"params.yaml: retrain.method {method!r} is not one of {', '.join(RETRAIN_METHODS)}"
-        )
+    section = read_section(params, "retrain", RETRAIN_KEYS, optional=RETRAIN_KEYS)
+    method = one_of(section.get("method"), "retrain.method", tuple(RETRAIN_METHODS))
     retrain_teacher(params, method)
     return method
 
@@ -75,7 +61,7 @@ def retrain_teacher(params: Mapping[str, Any], method: str) -> str | None:
     section = params.get("teacher")
     model = section.get("model") if isinstance(section, Mapping) else None
     if model in (None, "none"):
-        raise RetrainConfigError(
+        raise ParamsError(
             f"params.yaml: retrain.method {method} distils from a teacher but teacher.model is {model or 'missing'} "
             "(set teacher.model: all-mpnet-base-v2, a model folder or a models:/ URI)"
         )

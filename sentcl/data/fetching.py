@@ -24,6 +24,7 @@ from tqdm import tqdm
 
 from sentcl.data.senteval import SICK_FILES, SNLI_SPLITS, STSB_SPLITS, iter_sts_tasks
 from sentcl.data.upstream import nli_jsonl_to_senteval, write_senteval_nli
+from sentcl.params import flag, read_section, real_number, text
 
 SET_SOURCE_HINT = (
     "set SENTEVAL_MIRROR (or data.mirror in params.yaml) to a folder or tarball URL in SentEval layout"
@@ -46,38 +47,14 @@ class FetchConfig:
     @classmethod
     def from_params(cls, params: dict) -> FetchConfig:
         """params.yaml ``data:``, every key required, an unknown key or a wrong type a ``ValueError`` naming it."""
-        data = params.get("data")
-        if not isinstance(data, dict):
-            raise ValueError("params.yaml: section 'data' is missing or not a mapping")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(data) - set(names))
-        if unknown:
-            raise ValueError(
-                f"params.yaml: unknown key {unknown[0]!r} in section 'data' (known: {', '.join(names)})"
-            )
-        missing = [n for n in names if n not in data]
-        if missing:
-            raise ValueError(f"params.yaml: data.{missing[0]} is missing")
-        if data["mirror"] is not None and not (isinstance(data["mirror"], str) and data["mirror"].strip()):
-            raise ValueError(
-                f"params.yaml: data.mirror must be a folder, a URL or null, got {data['mirror']!r}"
-            )
+        data = read_section(params, "data", [f.name for f in fields(cls)])
+        if data["mirror"] is not None:
+            text(data["mirror"], "data.mirror", "a folder, a URL or null")
         for name in ("upstream", "snli_upstream", "multinli_upstream"):
-            if not isinstance(data[name], str) or not data[name].strip():
-                raise ValueError(f"params.yaml: data.{name} must be a URL, got {data[name]!r}")
-        if not isinstance(data["full_nli"], bool):
-            raise ValueError(f"params.yaml: data.full_nli must be true or false, got {data['full_nli']!r}")
-        timeout = data["connect_timeout_s"]
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
-            raise ValueError(f"params.yaml: data.connect_timeout_s must be a number > 0, got {timeout!r}")
-        return cls(
-            mirror=data["mirror"],
-            upstream=data["upstream"],
-            snli_upstream=data["snli_upstream"],
-            multinli_upstream=data["multinli_upstream"],
-            full_nli=data["full_nli"],
-            connect_timeout_s=float(timeout),
-        )
+            text(data[name], f"data.{name}", "a URL")
+        flag(data["full_nli"], "data.full_nli")
+        data["connect_timeout_s"] = real_number(data["connect_timeout_s"], "data.connect_timeout_s", above=0)
+        return cls(**data)
 
 
 def required_files() -> list[Path]:

@@ -31,6 +31,8 @@ STS_TASKS: dict[str, tuple[str, tuple[str, ...]]] = {
         ("answer-answer", "headlines", "plagiarism", "postediting", "question-question"),
     ),
 }
+# The seven tasks of the benchmark, in the order every table reports them.
+TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
 STSB_SPLITS = ("train", "dev", "test")
 SICK_FILES = {"train": "SICK_train.txt", "dev": "SICK_trial.txt", "test": "SICK_test_annotated.txt"}
 SNLI_SPLITS = ("dev", "test")

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sentcl.data.senteval import TASKS
+
 BATCH = 4096  # sentences per call of a fast tokenizer (it parallelises inside a call)
 
 
@@ -86,7 +88,6 @@ def pairs_within(candidates: Iterable[tuple[str, str]], texts: Iterable[str]) ->
     return sorted({(a, b) for a, b in candidates if a in kept and b in kept and a != b})
 
 
-STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
 
 
 def text_pairs(choice: str, pairs: Any, nli: Any, texts: Iterable[str]) -> list[tuple[str, str]]:
@@ -95,7 +96,7 @@ def text_pairs(choice: str, pairs: Any, nli: Any, texts: Iterable[str]) -> list[
     SICK train and the NLI premise/hypothesis pairs; consert, every STS/SICK pair. ``pairs`` and ``nli`` are the
     processed tables (columns task, split, sentence1, sentence2; premise, hypothesis). A text file has no pairs."""
     if choice == "heldout":
-        frame = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
+        frame = pairs[pairs.task.isin(TASKS) & (pairs.split == "test")]
         candidates = list(zip(frame.sentence1, frame.sentence2, strict=True))
     elif choice == "inductive":
         frame = pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")]

@@ -18,11 +18,12 @@ import yaml
 from sentcl.evaluation.analysis import pooled_without_frequent, space_stats, token_frequencies
 from sentcl.evaluation.analysis_plots import plot_freq_tokens, plot_space, plot_sweep
 from sentcl.evaluation.benchmark import load_benchmark, score_vectors
+from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
 
 log = logging.getLogger(__name__)
-CHECKPOINTS = ("base", "nli", "joint", "transfer-base", "transfer-nli", "transfer-joint")
+
 GRID_VIEWS = ("none", "shuffle", "token_cutoff", "feature_cutoff", "dropout")
 SWEEPS: dict[str, tuple[str, list[Any]]] = {
     "few-shot": ("max_texts", [1, 10, 100, 1000, 10000, "all"]),

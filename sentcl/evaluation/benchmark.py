@@ -17,12 +17,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from scipy.stats import spearmanr
 
-from sentcl.data.senteval import STS_TASKS, ScoredPair, iter_sts_tasks, read_sick, read_sts_subset, read_stsb
-from sentcl.evaluation.sts import cosine
+from sentcl.data.senteval import (
+    STS_TASKS,
+    TASKS,
+    ScoredPair,
+    iter_sts_tasks,
+    read_sick,
+    read_sts_subset,
+    read_stsb,
+)
+from sentcl.evaluation.sts import cosine, spearman100
 
-TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
 Encode = Callable[[Sequence[str]], np.ndarray]
 
 
@@ -95,10 +101,6 @@ def load_benchmark(root: Path | str, tasks: Sequence[str] = TASKS, with_dev: boo
     )
     sick_dev = Subset.from_pairs("SICK-R", "trial", read_sick(root / "SICK", "dev")) if with_dev else None
     return Benchmark(tuple(subsets), dev, skipped, sick_dev)
-
-
-def spearman100(similarity: np.ndarray, gold: np.ndarray) -> float:
-    return float(spearmanr(similarity, gold).statistic * 100)
 
 
 def protocol_scores(subsets: Sequence[Subset], similarities: Sequence[np.ndarray]) -> dict:

@@ -12,6 +12,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+from sentcl.digest import update_from_file
 from sentcl.evaluation.benchmark import Benchmark, evaluate, markdown_table, order_result
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import DEFAULT_MAX_TOKENS, FastEncoder
@@ -82,9 +83,7 @@ def weights_digest(folder: Path) -> str:
             if path.name == "tokenizer.json":
                 h.update(_tokenizer_without_call_state(path))
                 continue
-            with open(path, "rb") as f:
-                for block in iter(lambda f=f: f.read(1 << 20), b""):
-                    h.update(block)
+            update_from_file(h, path)
     return h.hexdigest()
 
 

@@ -28,9 +28,14 @@ def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return sims
 
 
+def spearman100(similarity: np.ndarray, gold: Sequence[float]) -> float:
+    """Spearman x 100 between similarities and gold scores: the STS metric."""
+    return float(spearmanr(similarity, np.asarray(gold)).statistic * 100)
+
+
 def spearman_cosine(a: np.ndarray, b: np.ndarray, gold: Sequence[float]) -> float:
     """Spearman x 100 between the cosine of row pairs of ``a`` and ``b`` and the gold scores."""
-    return float(spearmanr(cosine(a, b), np.asarray(gold)).statistic * 100)
+    return spearman100(cosine(a, b), gold)
 
 
 class STSEvaluator:

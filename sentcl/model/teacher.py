@@ -11,7 +11,6 @@ Everything here is pure: files in, files out, ``TeacherError`` (one line naming 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import zipfile
@@ -20,6 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from sentcl.digest import file_sha256
+from sentcl.params import flag, one_of, read_section, text, whole_number
 
 NAME = "all-mpnet-base-v2"
 VERSION = "0.0.1"
@@ -57,48 +59,16 @@ class TeacherConfig:
 
     @classmethod
     def from_params(cls, params: dict) -> TeacherConfig:
-        section = params.get("teacher")
-        if not isinstance(section, dict):
-            raise TeacherError(
-                "params.yaml: no teacher section (teacher.model: none switches distillation off)"
-            )
-        unknown = sorted(set(section) - set(TEACHER_KEYS))
-        if unknown:
-            raise TeacherError(
-                f"params.yaml: teacher: unknown key {unknown[0]!r} (known: {', '.join(TEACHER_KEYS)})"
-            )
-        missing = [k for k in TEACHER_KEYS if k not in section]
-        if missing:
-            raise TeacherError(f"params.yaml: teacher: no value for {missing[0]!r}")
-        model = section["model"]
-        if not isinstance(model, str) or not model.strip():
-            raise TeacherError(
-                f"params.yaml: teacher.model must be none, {NAME}, a folder or a models:/ URI, got {model!r}"
-            )
-        if not isinstance(section["install"], bool):
-            raise TeacherError(
-                f"params.yaml: teacher.install must be true or false, got {section['install']!r}"
-            )
-        for key in ("pieces", "folder"):
-            value = section[key]
-            if not (isinstance(value, str) and value.strip()) and not (key == "pieces" and value is None):
-                raise TeacherError(f"params.yaml: teacher.{key} must be a folder path, got {value!r}")
-        if section["backend"] not in TEACHER_BACKENDS:
-            raise TeacherError(
-                f"params.yaml: teacher.backend must be one of {', '.join(TEACHER_BACKENDS)}, got {section['backend']!r}"
-            )
-        tokens = section["max_tokens"]
-        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
-            raise TeacherError(f"params.yaml: teacher.max_tokens must be a positive integer, got {tokens!r}")
-        return cls(**{k: section[k] for k in TEACHER_KEYS})
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        # teacher.model: none switches distillation off; the section itself is always there.
+        section = read_section(params, "teacher", TEACHER_KEYS)
+        text(section["model"], "teacher.model", f"none, {NAME}, a folder or a models:/ URI")
+        flag(section["install"], "teacher.install")
+        if section["pieces"] is not None:
+            text(section["pieces"], "teacher.pieces", "a folder path or null")
+        text(section["folder"], "teacher.folder", "a folder path")
+        one_of(section["backend"], "teacher.backend", TEACHER_BACKENDS)
+        whole_number(section["max_tokens"], "teacher.max_tokens", minimum=1)
+        return cls(**section)
 
 
 def find_pieces(roots: Iterable[Path]) -> list[Path]:
@@ -158,7 +128,7 @@ def verify_weights(folder: Path, sha256: str = OFFICIAL_SHA256, size: int = OFFI
     actual_size = weights.stat().st_size
     if actual_size != size:
         raise TeacherError(f"teacher: {weights} has {actual_size} bytes, the official snapshot {size}")
-    actual = sha256_file(weights)
+    actual = file_sha256(weights)
     if actual != sha256:
         raise TeacherError(f"teacher: {weights} sha256 {actual} is not the official {sha256}")
 

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sentcl.digest import file_sha256
+from sentcl.params import ParamsError, read_section, real_number, text
+
 # (stsb_dev, {dev guard: spearman}, domain spearman or None), all Spearman x 100. Only dev splits: the seven test
 # tasks are reported (tag sts_all) and never read by the gate, so they play no part in model selection.
 Scores = tuple[float | None, dict[str, float], float | None]
@@ -33,10 +36,6 @@ TAG_STATE = "sentcl.state"  # registering -> ready; a version left at "registeri
 TAG_ROLLED_BACK = "rolled_back"  # "true" on a demoted version: never promoted again without --force
 
 
-class RegistryConfigError(ValueError):
-    """params.yaml's registry section is incomplete or wrong (one line, naming the key)."""
-
-
 @dataclass(frozen=True)
 class GateConfig:
     """params.yaml ``registry:``; every field is required there."""
@@ -49,35 +48,15 @@ class GateConfig:
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any], section: str = "registry") -> GateConfig:
-        raw = params.get(section)
-        if not isinstance(raw, Mapping):
-            raise RegistryConfigError(f"params.yaml: section {section!r} is missing or not a mapping")
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(raw) - set(fields))
-        if unknown:
-            raise RegistryConfigError(
-                f"params.yaml: unknown key {unknown[0]!r} in section {section!r} (known: {', '.join(fields)})"
-            )
-        missing = [name for name in fields if name not in raw]
-        if missing:
-            raise RegistryConfigError(f"params.yaml: {section}.{missing[0]} is missing")
+        raw = read_section(params, section, [f.name for f in dataclasses.fields(cls)])
         values: dict[str, Any] = {}
         for name in ("model_name", "experiment_model_name"):
-            if not isinstance(raw[name], str) or not raw[name].strip():
-                raise RegistryConfigError(f"params.yaml: {section}.{name} must be a non-empty name")
-            values[name] = raw[name]
+            values[name] = text(raw[name], f"{section}.{name}", "a non-empty name")
         for name in ("min_delta", "max_dev_drop", "min_domain_delta"):
-            value = raw[name]
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise RegistryConfigError(f"params.yaml: {section}.{name} must be a number, got {value!r}")
-            if value < 0:
-                raise RegistryConfigError(
-                    f"params.yaml: {section}.{name} must be >= 0, got {value} "
-                    "(a negative margin could promote a worse model)"
-                )
-            values[name] = float(value)
+            # >= 0: a negative margin could promote a worse model
+            values[name] = real_number(raw[name], f"{section}.{name}", minimum=0)
         if values["model_name"] == values["experiment_model_name"]:
-            raise RegistryConfigError(
+            raise ParamsError(
                 f"params.yaml: {section}.experiment_model_name must differ from model_name "
                 f"({values['model_name']!r}): experiments would register into production"
             )
@@ -114,11 +93,7 @@ def weight_file_digests(folder: Path) -> dict[str, str]:
     files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
     digests = {}
     for path in files:
-        h = hashlib.sha256()
-        with open(path, "rb") as f:
-            for block in iter(lambda f=f: f.read(1 << 20), b""):
-                h.update(block)
-        digests[path.name] = h.hexdigest()
+        digests[path.name] = file_sha256(path)
     return digests
 
 

@@ -14,7 +14,7 @@ import pandas as pd
 import torch
 
 from sentcl.data.domain import read_domain_text
-from sentcl.data.senteval import consert_corpus
+from sentcl.data.senteval import TASKS, consert_corpus
 from sentcl.data.texts import heldout_texts, inductive_texts, text_pairs
 from sentcl.model.folder import count_truncated
 from sentcl.training.losses import NLI_LABEL_IDS
@@ -24,7 +24,6 @@ if TYPE_CHECKING:  # typing only: sentcl.training.objectives.distill is imported
     from sentcl.training.objectives.distill import DistillConfig
 
 # Target text of the transfer stage by default (ConSERT's protocol): the seven STS test sets.
-STS_TEST_TASKS = ("STS12", "STS13", "STS14", "STS15", "STS16", "STSb", "SICK-R")
 # transfer.texts: which unlabeled text the transfer stage trains on (README "Target text").
 TEXT_CHOICES = ("heldout", "consert", "inductive")
 
@@ -40,7 +39,7 @@ def stsb_dev(pairs: pd.DataFrame) -> list[tuple[str, str, float]]:
 
 def sts_test_sentences(pairs: pd.DataFrame) -> list[str]:
     """The unique sentences of STS12-16 and the STS-B and SICK-R test splits, sorted (a stable order)."""
-    test = pairs[pairs.task.isin(STS_TEST_TASKS) & (pairs.split == "test")]
+    test = pairs[pairs.task.isin(TASKS) & (pairs.split == "test")]
     return sorted(set(test.sentence1) | set(test.sentence2))
 
 

@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 
 from sentcl.data.domain import DomainTextError, read_scored_pairs
+from sentcl.digest import file_sha256
 from sentcl.evaluation.benchmark import load_benchmark
 from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model import teacher as T
@@ -196,7 +197,7 @@ def encode(
     record.meta = {
         "model": model,
         "folder": str(folder) if model != T.NAME else f"{settings.folder}/{T.NAME}",
-        "weights_sha256": T.sha256_file(weights) if weights.is_file() else None,
+        "weights_sha256": file_sha256(weights) if weights.is_file() else None,
         "dim": int(vectors.shape[1]),
         "pooling": encoder.pooling,
         "max_length": encoder.max_length,
