@@ -20,7 +20,7 @@ import torch
 from transformers import AutoTokenizer
 
 from sentcl.model.encoder import Encoder, resolve_model_path
-from sentcl.training.train import Trainer
+from sentcl.training.trainer import Trainer
 from stages.common import PROCESSED, RAW, load_params
 from stages.training import load_nli, load_pairs, stage_config, transfer_texts
 from stages.transfer import STAGE_KEYS

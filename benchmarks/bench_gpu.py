@@ -3,10 +3,11 @@
 What it measures, on one process that joins a process group (NCCL on CUDA, gloo on CPU; world size 1 unless
 started by ``torchrun``) so that the trainer takes its distributed path:
 
-- training: ``sentcl.train.Trainer.train_step`` with the transfer stage's ``transfer.base`` recipe (params.yaml),
-  bf16 autocast (``--bf16``), at ``--batch-size`` sentences a step (``auto``: the largest power of two, up to
-  ``--max-batch``, whose step fits in device memory); median step time over ``--steps`` timed steps after
-  ``--warmup`` steps; tokens/s (padded tokens, what the device computes) and model FLOPs utilisation;
+- training: ``sentcl.training.trainer.Trainer.train_step`` with the transfer stage's ``transfer.base`` recipe
+  (params.yaml), bf16 autocast (``--bf16``), at ``--batch-size`` sentences a step (``auto``: the largest power
+  of two, up to ``--max-batch``, whose step fits in device memory); median step time over ``--steps`` timed
+  steps after ``--warmup`` steps; tokens/s (padded tokens, what the device computes) and model FLOPs
+  utilisation;
 - MFU: model FLOPs per step over (step time x ``--peak-tflops``, the device's dense bf16 peak; H200: 989).
   Per token of each of the two views' forward and backward passes: 6 x (matmul weights of the encoder layers,
   12 x d^2 per layer for BERT: Q, K, V, O and the two feed-forward matrices) + 12 x layers x padded length x d
@@ -44,7 +45,8 @@ import torch.distributed as dist
 from benchmarks.bench_train import PeakMemory
 from sentcl.model.encoder import Encoder, resolve_model_path
 from sentcl.training.precision import bf16_autocast
-from sentcl.training.train import Trainer, select_device
+from sentcl.training.runtime import select_device
+from sentcl.training.trainer import Trainer
 from stages.common import RAW, SHARED_MIRROR, load_params
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS

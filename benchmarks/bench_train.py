@@ -23,7 +23,8 @@ from transformers import AutoModel, AutoTokenizer
 
 from sentcl.model.encoder import Encoder, resolve_model_path
 from sentcl.training.precision import cpu_has_native_bf16, use_bf16
-from sentcl.training.train import Trainer, select_device
+from sentcl.training.runtime import select_device
+from sentcl.training.trainer import Trainer
 from stages.common import load_params
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from sentcl.model.encoder import resolve_model_path
+from sentcl.training.config import TRIPLET_OBJECTIVES
 from sentcl.training.data import nli_pairs, nli_triplets, resolve_init, stsb_dev
-from sentcl.training.train import TRIPLET_OBJECTIVES
 from stages.common import load_params, missing_model, offline_hub
 from stages.training import (
     fail,

@@ -18,7 +18,8 @@ from sentcl.data.domain import DomainTextError, read_domain_text
 from sentcl.training import data as training_data
 from sentcl.training import recipes
 from sentcl.training import runs as training_runs
-from sentcl.training.train import ConfigError, TrainConfig, dist_info
+from sentcl.training.config import ConfigError, TrainConfig
+from sentcl.training.runtime import dist_info
 from sentcl_mlflow.runs import log_stage, preflight
 from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, fail, offline_hub, params_label
 
@@ -128,8 +129,8 @@ def run_stage(
     """Train ``init`` on ``examples``, write ``output`` and the stage's records; return its final metrics.
 
     With ``domain_dev``, checkpoint selection uses it and STS-B dev may not fall more than ``max_task_drop``
-    below the init (``sentcl.train.selectable``). ``summary``: counts about the input (e.g. truncated lines)
-    that join the metrics. ``teacher``: the teacher's stored vectors, for objective distill."""
+    below the init (``sentcl.training.selection.selectable``). ``summary``: counts about the input (e.g.
+    truncated lines) that join the metrics. ``teacher``: the teacher's stored vectors, for objective distill."""
     offline_hub()
     training_runs.init_distributed()
     rank, _ = dist_info()

@@ -39,8 +39,9 @@ from sentcl.model.encoder import resolve_model_path
 from sentcl.model.teacher import TeacherError, TeacherVectors
 from sentcl.training import data as training_data
 from sentcl.training import recipes
+from sentcl.training.config import TRANSFER_OBJECTIVES, TrainConfig
 from sentcl.training.data import INIT_NAMES
-from sentcl.training.train import PRESETS, TRANSFER_OBJECTIVES, TrainConfig
+from sentcl.training.recipes import PRESETS
 from stages import training
 from stages.common import DATA, RAW, fail, load_params, missing_model, offline_hub
 

@@ -212,7 +212,7 @@ def esimcse_entries(model, params, sentences, tokenizer, dense):
 
 
 def test_esimcse_queue_momentum_rule_eval_mode_projection_order_and_cap(tmp_path):
-    from sentcl.training.train import Trainer
+    from sentcl.training.trainer import Trainer
     from tests.tiny import tiny_sentences
 
     texts = tiny_sentences(16, seed=3)
@@ -304,7 +304,7 @@ def transformers3_adamw_step(params, grads, state, lr, weight_decay, betas=(0.9,
 
 
 def test_consert_optimizer_step_is_transformers3_adamw_without_bias_correction():
-    from sentcl.training.train import BertAdamW
+    from sentcl.training.optimizer import BertAdamW
 
     torch.manual_seed(0)
     start = [torch.randn(5, 3), torch.randn(4)]
@@ -340,7 +340,8 @@ def test_consert_param_groups_and_schedule_follow_fit(tmp_path):
     ConSERT main.py's ``warmup_steps = ceil(len(train_dataset) * num_epochs / train_batch_size * 0.1)``."""
     import math
 
-    from sentcl.training.train import BertAdamW, Trainer
+    from sentcl.training.optimizer import BertAdamW
+    from sentcl.training.trainer import Trainer
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.0)))
     steps = 40
@@ -386,7 +387,7 @@ def test_consert_warmup_count_matches_main_py_on_the_paper_corpus():
     (the DataLoader keeps the last, short batch: ceil(89,192 / 96) = 930 steps an epoch)."""
     import math
 
-    from sentcl.training.train import consert_schedule
+    from sentcl.training.optimizer import consert_schedule
 
     n, batch = 89192, 96
     steps_per_epoch = math.ceil(n / batch)
@@ -563,7 +564,7 @@ def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
     gradient on). sentcl's delta passes (the template alone, with shifted position ids) must do the same."""
     from transformers import AutoTokenizer, BertTokenizerFast
 
-    from sentcl.training.train import Trainer
+    from sentcl.training.trainer import Trainer
     from tests.tiny import tiny_sentences, tiny_vocab
 
     folder = make_tiny_encoder(tmp_path, dropout=0.3)
@@ -599,7 +600,7 @@ def test_promptbert_delta_pass_runs_with_dropout_and_gradient(tmp_path):
 def test_adversarial_joint_with_gradient_caching_equals_one_large_batch(tmp_path):
     """The adversarial pass reuses the clean pass's embedding output: gradient caching's replay must rebuild both,
     so accumulating 4 micro-batches still gives the weights of one large batch (fp32 pinned)."""
-    from sentcl.training.train import Trainer
+    from sentcl.training.trainer import Trainer
     from tests.tiny import tiny_sentences
 
     folder = make_tiny_encoder(tmp_path, dropout=0.0)

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from sentcl.model.encoder import Encoder
 from sentcl.training.losses import nt_xent, sup_simcse
-from sentcl.training.train import Trainer
+from sentcl.training.trainer import Trainer
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 
 TEXTS = tiny_sentences(32, seed=2)

@@ -301,7 +301,7 @@ def test_pair_mse_needs_pairs(capsys):
 def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exactly(setup, tmp_path):
     from sentcl.model.encoder import Encoder
     from sentcl.training.objectives.distill import cosine_matrix, similarity_mse
-    from sentcl.training.train import Trainer
+    from sentcl.training.trainer import Trainer
 
     student, teacher, sentences = setup
     dev = [(sentences[i], sentences[i + 1], float(i % 5)) for i in range(0, 40, 2)]

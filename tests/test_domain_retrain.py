@@ -14,7 +14,8 @@ import yaml
 
 from sentcl.model.encoder import Encoder
 from sentcl.model.folder import count_truncated
-from sentcl.training.train import Trainer, selectable
+from sentcl.training.selection import selectable
+from sentcl.training.trainer import Trainer
 from stages.training import read_texts
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 

@@ -15,7 +15,7 @@ from sentcl.training.precision import (
     parse_bf16,
     use_bf16,
 )
-from sentcl.training.train import Trainer
+from sentcl.training.trainer import Trainer
 from stages.common import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model.encoder import Encoder
 from sentcl.model.pooling import ModelPooling, PromptSettings, read_model_pooling
-from sentcl.training.train import Trainer
+from sentcl.training.trainer import Trainer
 from tests.tiny import make_tiny_encoder, tiny_sentences, tiny_vocab, train_config, write_tiny_processed
 
 # run.sh unsup-bert TEMPLATE and TEMPLATE2 (sup-bert trains on TEMPLATE alone), --temp 0.05.

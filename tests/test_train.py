@@ -12,7 +12,7 @@ import yaml
 
 from sentcl.model.encoder import Encoder
 from sentcl.training.data import nli_triplets
-from sentcl.training.train import Trainer
+from sentcl.training.trainer import Trainer
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
@@ -185,7 +185,7 @@ def test_training_classes_repeat_no_default_of_params_yaml():
     """params.yaml is the only home of a default: the config dataclasses declare none of their own."""
     from dataclasses import MISSING, fields
 
-    from sentcl.training.train import TrainConfig
+    from sentcl.training.config import TrainConfig
     from sentcl.training.views import ViewConfig
 
     for kind in (TrainConfig, ViewConfig):

@@ -219,7 +219,7 @@ def test_word_repetition_follows_esimcse(encoder):
 
 @pytest.mark.parametrize("dropout", [True, False])
 def test_encoder_dropout_is_the_recipes_setting(tmp_path, dropout):
-    from sentcl.training.train import Trainer
+    from sentcl.training.trainer import Trainer
 
     encoder = Encoder.from_pretrained(str(make_tiny_encoder(tmp_path, dropout=0.1)))
     config = train_config(views=("feature_cutoff", "shuffle"), encoder_dropout=dropout, batch_size=4)

@@ -18,7 +18,7 @@ INIT_NAMES = ("base", "nli", "joint")
 TRANSFER_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae", "distillation")
 # The subsection an objective adds over the init's recipe.
 OVERLAYS = {"tsdae": "tsdae", "distill": "distillation"}
-# Settings that are mappings of their own settings, merged key by key (``sentcl.train._NESTED``).
+# Settings that are mappings of their own settings, merged key by key (``sentcl.training.config._NESTED``).
 NESTED = ("view", "prompt", "distill")
 # The checkpoints of the stages that are not ``transfer``: their section, and the mode they train in.
 STAGE_SECTIONS = {"nli": ("pretrain_nli", "nli"), "joint": ("joint", "joint")}

@@ -1,5 +1,5 @@
-"""What a training stage's run needs around ``sentcl.training.train``: the process group, the config's sections, and the
-records it leaves (model folder, curves CSV, metrics JSON)."""
+"""What a training stage's run needs around ``sentcl.training.trainer``: the process group, the config's
+sections, and the records it leaves (model folder, curves CSV, metrics JSON)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 from sentcl.model.encoder import Encoder
-from sentcl.training.train import TrainConfig, Trainer, TrainResult
+from sentcl.training.config import TrainConfig
+from sentcl.training.selection import TrainResult
+from sentcl.training.trainer import Trainer
 
 
 def init_distributed() -> None:

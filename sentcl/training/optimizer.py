@@ -1,0 +1,77 @@
+"""ConSERT's optimizer (``train.optimizer: consert``): sentence-transformers 0.3's parameter groups, transformers'
+linear schedule with warm-up, and transformers 3.x ``AdamW`` without bias correction."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+# --- ConSERT's optimizer ---------------------------------------------------------------------------------
+
+# sentence-transformers 0.3 ``SentenceTransformer.fit`` (yym6472/ConSERT ``sentence_transformers/SentenceTransformer.py``)
+CONSERT_NO_DECAY = ("bias", "LayerNorm.bias", "LayerNorm.weight")
+
+
+def consert_param_groups(
+    groups: list[dict[str, Any]], names: dict[int, str], weight_decay: float
+) -> list[dict[str, Any]]:
+    """Each group split in two as ``fit`` does: ``no_decay = ['bias', 'LayerNorm.bias', 'LayerNorm.weight']``
+    matched as substrings of the parameter's name get weight decay 0, the rest ``weight_decay``."""
+    out = []
+    for group in groups:
+        for decay in (True, False):
+            params = [
+                p for p in group["params"] if any(nd in names[id(p)] for nd in CONSERT_NO_DECAY) != decay
+            ]
+            if params:
+                out.append({**group, "params": params, "weight_decay": weight_decay if decay else 0.0})
+    return out
+
+
+def consert_schedule(steps: int, warmup_ratio: float) -> Callable[[int], float]:
+    """transformers ``get_linear_schedule_with_warmup`` (ConSERT ``transformers/optimization.py``): from 0 up to
+    the lr over ``warmup`` steps, then down to 0 at ``steps``; the first step runs at lr 0. ConSERT's main.py
+    takes ``warmup = ceil(0.1 * len(dataset) * epochs / batch)``: here ``ceil(warmup_ratio * steps)``."""
+    warmup = math.ceil(round(warmup_ratio * steps, 6))
+
+    def lr_lambda(current_step: int) -> float:
+        if current_step < warmup:
+            return float(current_step) / float(max(1, warmup))
+        return max(0.0, float(steps - current_step) / float(max(1, steps - warmup)))
+
+    return lr_lambda
+
+
+class BertAdamW(torch.optim.Optimizer):
+    """transformers 3.x ``AdamW`` as ConSERT calls it (``eps=1e-6, correct_bias=False``; ConSERT
+    ``transformers/optimization.py``): no bias correction, and the decoupled weight decay applied after the Adam
+    update (``p -= lr * wd * p``), where torch's AdamW decays before it and corrects the bias."""
+
+    def __init__(self, params: Any, lr: float, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": 0.0})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], float] | None = None) -> float | None:
+        loss = closure() if closure is not None else None
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = 0
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                state["step"] += 1
+                exp_avg, exp_avg_sq = state["exp_avg"], state["exp_avg_sq"]
+                exp_avg.mul_(beta1).add_(p.grad, alpha=1.0 - beta1)
+                exp_avg_sq.mul_(beta2).addcmul_(p.grad, p.grad, value=1.0 - beta2)
+                denom = exp_avg_sq.sqrt().add_(group["eps"])
+                p.addcdiv_(exp_avg, denom, value=-group["lr"])
+                if group["weight_decay"] > 0.0:
+                    p.add_(p, alpha=-group["lr"] * group["weight_decay"])
+        return loss

@@ -1,0 +1,473 @@
+"""One training loop for the three ConSERT modes: ``nli`` (supervised), ``joint`` (CE + alpha * NT-Xent) and
+``transfer`` (unsupervised contrastive on target-domain text).
+
+Read top to bottom: setup, the representations of a micro-batch, the loss, one optimizer step (with gradient
+caching when accumulating), evaluation and checkpoint selection, resume state, the loop. The config is
+``sentcl.training.config``, checkpoint selection ``sentcl.training.selection``, the batch order, device and random
+state ``sentcl.training.runtime``, ConSERT's optimizer ``sentcl.training.optimizer``.
+
+Gradient accumulation (``grad_accum > 1``) never shrinks the set of negatives: a step first embeds all
+micro-batches without gradient, computes the loss over the whole batch, and then re-runs each micro-batch with
+gradient, feeding it its slice of the embedding gradient (GradCache, Gao et al. 2021). The random state of each
+micro-batch is replayed, so the views and dropout masks are the same in both passes and the update equals the
+one of a single large batch; the price is one extra forward pass per micro-batch. Activation memory is that of
+one micro-batch; the similarity matrix is still batch x batch.
+
+Under ``torchrun`` the global ``batch_size`` is split over the ranks; contrastive losses all-gather the
+embeddings (see ``sentcl.training.losses``) and gradients are averaged with one all-reduce per step (what DDP does;
+done by hand because the cached-gradient passes and unused parameters such as BERT's pooler do not fit DDP's
+hooks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from sentcl.evaluation.sts import STSEvaluator
+from sentcl.model.encoder import Encoder
+from sentcl.training.config import TrainConfig
+from sentcl.training.objectives.base import Embedder, Objective
+from sentcl.training.objectives.contrastive import MomentumQueue
+from sentcl.training.objectives.factory import build_objective
+from sentcl.training.optimizer import BertAdamW, consert_param_groups, consert_schedule
+from sentcl.training.precision import describe_precision, use_bf16
+from sentcl.training.runtime import (
+    BatchOrder,
+    _broadcast,
+    _rng_state,
+    _set_rng_state,
+    dist_info,
+    select_device,
+)
+from sentcl.training.selection import TrainResult, selectable
+
+log = logging.getLogger(__name__)
+
+# --- the trainer ----------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """Trains ``encoder`` in place on ``examples`` and leaves it holding the best checkpoint's weights.
+
+    ``examples``: sentences (transfer); (premise, hypothesis, label) with label in 0..2 (nli/ce, joint);
+    (premise, entailment hypothesis, contradiction hypothesis) (nli/sup_simcse, nli/promptbert).
+    ``dev_pairs``: (sentence1, sentence2, score) of STS-B dev, scored with the pooling the model is saved with
+    (``TrainConfig.saved_pooling``: last-avg, or PromptBERT's ``prompt.saved``).
+    ``checkpoint_dir``: resume state; reused when it holds a run of the same config and data, removed at the end.
+    ``domain_dev``: (sentence1, sentence2, score) of a retrain's domain: checkpoint selection then uses it, and
+    STS-B dev becomes a guard that may not fall more than ``max_task_drop`` below the init (``selectable``).
+    """
+
+    def __init__(
+        self,
+        encoder: Encoder,
+        config: TrainConfig,
+        examples: Sequence[Any],
+        dev_pairs: Sequence[tuple[str, str, float]],
+        checkpoint_dir: Path | str | None = None,
+        progress: bool = True,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
+        domain_dev: Sequence[tuple[str, str, float]] | None = None,
+        max_task_drop: float | None = None,
+        teacher: Any = None,
+    ) -> None:
+        self.cfg, self.examples = config, list(examples)
+        if domain_dev and max_task_drop is None:
+            raise ValueError("a domain dev set needs max_task_drop, the STS-B dev guard")
+        self.rank, self.world = dist_info()
+        if config.batch_size % (self.world * config.grad_accum):
+            raise ValueError(
+                f"batch_size {config.batch_size} must divide into {self.world} ranks x {config.grad_accum} micro-batches"
+            )
+        self.device = select_device(config.device)
+        torch.manual_seed(config.seed + self.rank)
+        random.seed(config.seed + self.rank)
+        np.random.seed(config.seed + self.rank)
+        self.generator = torch.Generator().manual_seed(config.seed + 1000 + self.rank)
+
+        self.encoder = encoder.to(self.device)
+        self.encoder.max_length = config.max_length
+        # What STS-B dev is scored with and the folder is saved with: the trained objective's pooling
+        # (PromptBERT: ``prompt.saved``), so the selected checkpoint is the one that scores best as shipped.
+        saved = config.saved_pooling()
+        self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
+        self.objective: Objective = build_objective(config, encoder.dim, encoder, teacher).to(self.device)
+        heads = [
+            p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
+        ]
+        head_ids = {id(p) for p in heads}
+        # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
+        owned = head_ids | {id(p) for p in self.encoder.parameters()}
+        body = [p for p in self.objective.parameters() if id(p) not in owned]
+        groups = [
+            {"params": [p for p in self.encoder.parameters() if p.requires_grad] + body, "lr": config.lr}
+        ]
+        if heads:
+            groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
+        self.params = [p for group in groups for p in group["params"]]
+        if config.optimizer == "consert":
+            names = {
+                id(p): n for n, p in [*self.encoder.named_parameters(), *self.objective.named_parameters()]
+            }
+            groups = consert_param_groups(groups, names, config.weight_decay)
+            self.optimizer = BertAdamW(groups, lr=config.lr)
+            schedule = consert_schedule(config.steps, config.warmup_ratio)
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+            warmup = int(config.warmup_ratio * config.steps)
+
+            def schedule(step: int) -> float:
+                if step < warmup:
+                    return (step + 1) / (warmup + 1)
+                return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
+
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.queue = None
+        if config.queue_size and config.mode != "nli":
+            self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum)
+
+        self.order = BatchOrder(len(self.examples), config.batch_size, config.seed)
+        if self.order.batch_size < config.batch_size:
+            log.warning("only %d examples: the batch shrinks from %d", len(self.examples), config.batch_size)
+        self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
+        self.domain_evaluator = STSEvaluator(domain_dev, "domain-dev") if domain_dev else None
+        self.domain_dev, self.max_task_drop = list(domain_dev or []), max_task_drop
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
+        self.progress, self.on_row = progress and self.rank == 0, on_row
+        self.autocast = use_bf16(config.bf16, self.device)
+        if config.compile:
+            self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
+        self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
+        self.embed = Embedder(
+            self.encoder, config.view, self.generator, self.device, torch.bfloat16 if self.autocast else None
+        )
+
+    # -- one optimizer step ----------------------------------------------------------------------------------
+
+    def representations(self, items: Sequence[Any]) -> dict[str, torch.Tensor]:
+        """The embeddings a micro-batch contributes to the loss (plus its labels)."""
+        return self.objective.representations(self.embed, items)
+
+    def loss(self, reps: dict[str, torch.Tensor]) -> torch.Tensor:
+        negatives = self.queue.negatives if self.queue is not None else None
+        return self.objective.loss(reps, negatives)
+
+    def _set_dropout(self) -> None:
+        """The encoder's own dropout is the recipe's setting (``encoder_dropout``), whatever the views are."""
+        self.encoder.train()
+        self.encoder.model.train(self.cfg.encoder_dropout)
+        self.objective.train()
+
+    def _global_loss(self, loss: torch.Tensor, step: int) -> float:
+        value = loss.detach().float()
+        if self.world > 1:
+            torch.distributed.all_reduce(value)
+            value /= self.world
+        value = float(value)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
+            )
+        return value
+
+    def train_step(self, items: Sequence[Any], step: int) -> float:
+        self._set_dropout()
+        queued = None
+        if self.queue is not None:
+            queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
+            queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
+        micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
+        if len(micro) == 1:
+            loss = self.loss(self.representations(micro[0]))
+            value = self._global_loss(loss, step)
+            loss.backward()
+        else:
+            value = self._cached_gradient_step(micro, step)
+        if self.world > 1:
+            self._all_reduce_gradients()
+        if self.cfg.max_grad_norm:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if queued is not None:
+            self.queue.push(queued)
+        return value
+
+    def _sentences(self, items: Sequence[Any]) -> list[str]:
+        if self.objective.examples == "sentences":
+            return list(items)
+        return [premise for premise, *_ in items] + [item[1] for item in items]
+
+    def _cached_gradient_step(self, micro: list[Sequence[Any]], step: int) -> float:
+        states, cached = [], []
+        with torch.no_grad():
+            for part in micro:
+                states.append(_rng_state(self.generator))
+                cached.append(self.representations(part))
+        end_state = _rng_state(self.generator)
+        leaves = {
+            key: torch.cat([c[key].detach() for c in cached]).requires_grad_(
+                cached[0][key].is_floating_point()
+            )
+            for key in cached[0]
+        }
+        loss = self.loss(leaves)
+        value = self._global_loss(loss, step)
+        loss.backward()
+        offset = 0
+        for part, state in zip(micro, states, strict=True):
+            _set_rng_state(state, self.generator)
+            reps = self.representations(part)
+            size = len(part)
+            pairs = [
+                (reps[k], leaves[k].grad[offset * m : (offset + size) * m])
+                for k, m in self._rows_per_item(reps, size).items()
+                if leaves[k].grad is not None
+            ]
+            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
+            offset += size
+        _set_rng_state(end_state, self.generator)
+        return value
+
+    @staticmethod
+    def _rows_per_item(reps: dict[str, torch.Tensor], size: int) -> dict[str, int]:
+        return {k: v.shape[0] // size for k, v in reps.items() if v.is_floating_point()}
+
+    def _all_reduce_gradients(self) -> None:
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.flatten() for g in grads])
+        torch.distributed.all_reduce(flat)
+        flat /= self.world
+        offset = 0
+        for p, g in zip(self.params, grads, strict=True):
+            p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
+            offset += g.numel()
+
+    # -- evaluation and checkpoints ----------------------------------------------------------------------------
+
+    def evaluate(self) -> dict[str, float]:
+        """STS-B dev, and the domain dev set when there is one (Spearman x 100 by name)."""
+        scores = None
+        if self.rank == 0:
+
+            def encode(sentences: Sequence[str]) -> np.ndarray:
+                return self.encoder.encode(sentences, batch_size=128)  # the pooling it is saved with
+
+            scores = {"stsb_dev": self.evaluator(encode)}
+            if self.domain_evaluator is not None:
+                scores["domain_dev"] = self.domain_evaluator(encode)
+        return _broadcast(scores)
+
+    def _fingerprint(self) -> str:
+        """Config, training data and init weights: a changed input never resumes old weights."""
+        config = asdict(self.cfg)
+        config.pop("device")
+        # Selection on another domain dev set (or another guard) restarts too.
+        selection = [self.domain_dev, self.max_task_drop] if self.domain_dev else []
+        payload = json.dumps(
+            [config, self.world, self._inputs_digest, *selection], sort_keys=True, default=str
+        )
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def _digest_inputs(self) -> str:
+        digest = hashlib.sha256(json.dumps(self.examples, default=str).encode())
+        for name, tensor in sorted(self.encoder.model.state_dict().items()):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return digest.hexdigest()
+
+    def _state_path(self) -> Path | None:
+        return self.checkpoint_dir / "state.pt" if self.checkpoint_dir else None
+
+    def save_state(self, state: dict[str, Any]) -> None:
+        rngs = [_rng_state(self.generator)]
+        if self.world > 1:
+            rngs = [None] * self.world
+            torch.distributed.all_gather_object(rngs, _rng_state(self.generator))
+        if self.rank != 0 or self._state_path() is None:
+            return
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        payload = {
+            **state,
+            "fingerprint": self._fingerprint(),
+            "model": self.encoder.model.state_dict(),
+            "objective": self.objective.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "momentum_model": self.queue.model.state_dict() if self.queue else None,
+            "queue": self.queue.negatives.cpu() if self.queue else None,
+            "rng": rngs,
+        }
+        tmp = self._state_path().with_suffix(".tmp")
+        torch.save(payload, tmp)
+        os.replace(tmp, self._state_path())  # a kill mid-write leaves the previous state intact
+
+    def load_state(self) -> dict[str, Any] | None:
+        path = self._state_path()
+        if path is None or not path.is_file():
+            return None
+        try:
+            payload = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as exc:  # a torn or foreign file: say which folder to delete
+            raise RuntimeError(
+                f"{path}: unreadable resume state ({type(exc).__name__}); delete {self.checkpoint_dir} to start afresh"
+            ) from None
+        if payload.get("fingerprint") != self._fingerprint():
+            log.warning("%s belongs to another config or data set: starting afresh", path)
+            return None
+        self.encoder.model.load_state_dict(payload["model"])
+        self.objective.load_state_dict(payload["objective"])
+        self.optimizer.load_state_dict(payload["optimizer"])
+        self.scheduler.load_state_dict(payload["scheduler"])
+        if self.queue is not None:
+            self.queue.model.load_state_dict(payload["momentum_model"])
+            self.queue.negatives = payload["queue"].to(self.device)
+        _set_rng_state(payload["rng"][self.rank], self.generator)
+        return payload
+
+    def _snapshot(self) -> dict[str, torch.Tensor]:
+        return {k: v.detach().cpu().clone() for k, v in self.encoder.model.state_dict().items()}
+
+    # -- the loop --------------------------------------------------------------------------------------------
+
+    def fit(self) -> TrainResult:
+        cfg = self.cfg
+        started = time.perf_counter()
+        log.info("precision: %s", describe_precision(cfg.bf16, self.device))
+        resumed = self.load_state()
+        if resumed:
+            step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]
+            init, best, best_step, bad = (
+                resumed[k] for k in ("init_scores", "best_scores", "best_step", "bad")
+            )
+            best_state = resumed["best_state"]
+            log.info("resuming from step %d (best %s at step %d)", step, _describe(best), best_step)
+        else:
+            step, elapsed, bad = 0, 0.0, 0
+            init = best = self.evaluate()
+            best_step, best_state = 0, self._snapshot()
+            rows = [{"step": 0, "loss": None, "lr": 0.0, **init}]
+            self._emit(rows[-1])
+            log.info("step 0 (init): %s", _describe(init))
+        bar = tqdm(total=cfg.steps, initial=step, desc=f"{cfg.mode}", disable=not self.progress)
+        while step < cfg.steps and not self._out_of_patience(bad):
+            lr = self.scheduler.get_last_lr()[0]
+            items = self._rank_items(self.order.indices(step))
+            try:
+                loss = self.train_step(items, step + 1)
+            except torch.OutOfMemoryError as exc:
+                raise RuntimeError(self._oom_message(step + 1)) from exc
+            step += 1
+            row = {"step": step, "loss": loss, "lr": lr, **dict.fromkeys(init)}
+            evaluate = step % cfg.eval_steps == 0 or step == cfg.steps
+            if evaluate:
+                scores = self.evaluate()
+                row.update(scores)
+                if selectable(scores, best, init, cfg.min_delta, self.max_task_drop):
+                    best, best_step, bad, best_state = scores, step, 0, self._snapshot()
+                else:
+                    bad += 1
+                log.info(
+                    "step %d: loss %.4f, %s (best %s at %d)",
+                    step,
+                    loss,
+                    _describe(scores),
+                    _describe(best),
+                    best_step,
+                )
+            rows.append(row)
+            self._emit(row)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", best=f"{best.get('domain_dev', best['stsb_dev']):.2f}")
+            save_every = cfg.save_steps or cfg.eval_steps
+            if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
+                self.save_state(
+                    {
+                        "step": step,
+                        "rows": rows,
+                        "elapsed": elapsed + time.perf_counter() - started,
+                        "init_scores": init,
+                        "best_scores": best,
+                        "best_step": best_step,
+                        "bad": bad,
+                        "best_state": best_state,
+                    }
+                )
+        bar.close()
+        stopped = self._out_of_patience(bad)
+        self.last_state = self._snapshot()  # the weights before selection, for inspection and tests
+        self.encoder.model.load_state_dict(best_state)
+        if best_step == 0:
+            log.warning("no evaluation beat the init (%s): the output is the init", _describe(init))
+        return TrainResult(
+            init["stsb_dev"],
+            best["stsb_dev"],
+            best_step,
+            step,
+            elapsed + time.perf_counter() - started,
+            stopped,
+            rows,
+            init.get("domain_dev"),
+            best.get("domain_dev"),
+            self.max_task_drop if self.domain_evaluator is not None else None,
+        )
+
+    def _out_of_patience(self, bad: int) -> bool:
+        return self.cfg.patience is not None and bad >= self.cfg.patience
+
+    def _rank_items(self, indices: list[int]) -> list[Any]:
+        share = len(indices) // self.world
+        mine = indices[self.rank * share : (self.rank + 1) * share]
+        return [self.examples[i] for i in mine]
+
+    def _emit(self, row: dict[str, Any]) -> None:
+        if self.on_row and self.rank == 0:
+            self.on_row(row)
+
+    def _oom_message(self, step: int) -> str:
+        cfg = self.cfg
+        micro = cfg.batch_size // (self.world * cfg.grad_accum)
+        return (
+            f"CUDA out of memory at step {step} with {micro} examples per micro-batch: try batch_size="
+            f"{max(1, cfg.batch_size // 2)}, or keep batch_size={cfg.batch_size} (and all its negatives) "
+            f"with grad_accum={cfg.grad_accum * 2}"
+        )
+
+    def finish(self) -> None:
+        """Remove the resume state once the output is safely written."""
+        if self.rank == 0 and self.checkpoint_dir and self.checkpoint_dir.exists():
+            import shutil
+
+            shutil.rmtree(self.checkpoint_dir)
+
+
+def _describe(scores: dict[str, float]) -> str:
+    names = {"stsb_dev": "STS-B dev", "domain_dev": "domain dev"}
+    return ", ".join(f"{names[k]} {v:.2f}" for k, v in scores.items())
+
+
+def train(
+    encoder: Encoder,
+    config: TrainConfig,
+    examples: Sequence[Any],
+    dev_pairs: Sequence[tuple[str, str, float]],
+    checkpoint_dir: Path | str | None = None,
+    progress: bool = True,
+) -> TrainResult:
+    """Train and leave ``encoder`` holding the selected weights; the resume state is kept (see ``Trainer.finish``)."""
+    return Trainer(encoder, config, examples, dev_pairs, checkpoint_dir, progress).fit()
