@@ -1,0 +1,60 @@
+"""Selecting and gating a retrain without labels: a held-out share of the domain text, scored by the teacher.
+
+A retrain's inbox has no scored pairs, and STS-B dev does not contain the team's domain. So a share of the domain
+text is set aside before the teacher stage and never trained on; pairs are built among those held-out sentences
+the way augmented SBERT samples unlabelled pairs (Thakur et al., 2021): each sentence with its ``neighbours``
+nearest sentences under the teacher (sentence-transformers examples/training/data_augmentation/
+train_sts_indomain_semantic.py: ``util.semantic_search(..., top_k)`` over the unlabelled sentences) and with
+``random`` sentences drawn at random (the paper's random sampling, which keeps dissimilar pairs in the set).
+The teacher's cosine is each pair's score. A checkpoint's agreement is the Spearman of its cosines with the
+teacher's on these pairs, so selection and the gate read the student's distance to what it is taught, measured
+on sentences it never saw; STS-B dev stays a guard against damage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random as _random
+from collections.abc import Sequence
+
+import numpy as np
+
+from sentcl.training.objectives.distill import nearest_neighbours
+
+
+def hold_out(sentences: Sequence[str], share: float, limit: int, seed: int) -> tuple[list[str], list[str]]:
+    """``(train, held_out)``: each unique sentence is held out when a seeded hash of it falls in the first
+    ``share`` of the hash range, so a sentence lands on the same side whatever else the text holds and in whatever
+    order (a nightly text that grows keeps yesterday's held-out sentences held out); at most ``limit`` are held
+    out (the lowest hashes). The training text keeps the original order. Nothing is held out of fewer than 20
+    sentences: too few pairs to rank checkpoints by."""
+    unique = list(dict.fromkeys(sentences))
+    if not 0 < share < 1 or len(unique) < 20:
+        return unique, []
+    unit = {
+        s: int.from_bytes(hashlib.sha256(f"{seed}\t{s}".encode()).digest()[:8], "big") / 2**64 for s in unique
+    }
+    chosen = sorted((s for s in unique if unit[s] < share), key=unit.__getitem__)[:limit]
+    held = set(chosen)
+    return [s for s in unique if s not in held], sorted(held)
+
+
+def agreement_pairs(
+    sentences: Sequence[str], vectors: np.ndarray, neighbours: int, random: int, seed: int
+) -> list[tuple[str, str, float]]:
+    """Pairs among ``sentences`` (each with its ``neighbours`` nearest under the teacher and ``random`` others),
+    each once whatever its order, with the teacher's cosine as the score; sorted, so the file is stable."""
+    sentences = list(sentences)
+    n = len(sentences)
+    x = np.asarray(vectors, dtype=np.float64)
+    x = x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+    found: set[tuple[int, int]] = set()
+    k = min(neighbours, n - 1)
+    if k >= 1:
+        for i, row in enumerate(nearest_neighbours(x, k)):
+            found |= {(min(i, int(j)), max(i, int(j))) for j in row}
+    rng = _random.Random(seed)
+    for i in range(n):
+        others = [j for j in rng.sample(range(n), min(n, random + 1)) if j != i][:random]
+        found |= {(min(i, j), max(i, j)) for j in others}
+    return sorted((sentences[i], sentences[j], float(x[i] @ x[j])) for i, j in found)
