@@ -24,6 +24,7 @@ from sentcl.data.fetching import FetchConfig
 from sentcl.model.teacher import TeacherConfig
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
+from sentcl.training.agreement import AgreementConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.store import TrackingConfig
 from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
@@ -48,6 +49,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("training", _check_training),
     ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
+    ("retrain held-out share", AgreementConfig.from_params),
     ("evaluate", rules.check_evaluate),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.model import teacher as T
+from sentcl.params import ParamsError
 from sentcl.training import teacher_run as R
+from sentcl.training.agreement import AgreementConfig
 from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub
 from stages.training import load_nli, load_pairs
 
@@ -61,10 +63,15 @@ def run(
     domain_dev: Path | None = None,
     student: str | None = None,
     benchmark: bool = True,
+    heldout: Path | None = None,
 ) -> dict[str, Any]:
-    """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``."""
+    """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``.
+    With ``heldout`` (a domain text's held-out share, never trained on), also ``output/agreement.tsv``: pairs
+    among those sentences scored by the teacher (``sentcl.training.agreement``), the label-free dev set."""
     settings = T.TeacherConfig.from_params(params)
     pairs = R.read_dev_pairs(domain_dev)
+    held = R.read_heldout(heldout)
+    agreement = AgreementConfig.from_params(params) if heldout else None
     model = model or settings.model
     if model == "none":
         R.write_record(R.none_record(), output)
@@ -76,10 +83,11 @@ def run(
         encoder = R.open_encoder(folder, settings.backend, settings.max_tokens)
         tables = load_pairs(processed), load_nli(processed)
         sentences = R.sentences_to_encode(
-            params, texts, raw, *tables, R.pair_sentences(pairs), benchmark, log
+            params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], benchmark, log
         )
         record = R.encode(encoder, sentences, model, folder, settings, pairs, student, benchmark)
-    R.write_record(record, output)
+    lines = R.agreement_lines(record, held, agreement, params["seed"]) if agreement is not None else None
+    R.write_record(record, output, lines)
     for line in R.summary_lines(record):
         log.info(line)
     return record.meta
@@ -99,6 +107,11 @@ def main(argv: list[str] | None = None) -> int:
         help="scored pairs (s1<TAB>s2<TAB>score): encode them, record the teacher's score",
     )
     parser.add_argument("--student", help="with --domain-dev: also score this model (folder) on those pairs")
+    parser.add_argument(
+        "--heldout",
+        type=Path,
+        help="held-out sentences of the domain text, one a line: encode them and write agreement.tsv",
+    )
     parser.add_argument(
         "--no-benchmark",
         action="store_true",
@@ -121,8 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             args.domain_dev,
             args.student,
             not args.no_benchmark,
+            args.heldout,
         )
-    except T.TeacherError as exc:
+    except (T.TeacherError, ParamsError) as exc:
         fail(str(exc))
     return 0
 

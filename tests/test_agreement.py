@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -40,3 +41,42 @@ def test_agreement_pairs_are_teacher_neighbours_and_random_ones_scored_by_teache
     every = {tuple(sorted(p)) for p in itertools.combinations(sentences, 2)}
     assert names <= every
     assert with_random == agreement_pairs(sentences, vectors, neighbours=1, random=2, seed=0)  # seeded
+
+
+def test_teacher_stage_writes_the_held_out_agreement_pairs_scored_by_its_vectors(tmp_path, tiny_model):
+    """--heldout: the held-out sentences are encoded (and never part of the text), agreement.tsv holds pairs
+    among them only, each scored by the cosine of the teacher's stored vectors of its two sentences."""
+    import yaml
+
+    from sentcl.model.teacher import TeacherVectors
+    from stages import teacher as stage
+    from tests.test_distill import make_tiny_encoder, tiny_sentences
+    from tests.tiny import write_tiny_processed
+
+    teacher = make_tiny_encoder(tmp_path, "teacher", seed=1)
+    params = yaml.safe_load((Path(__file__).resolve().parent.parent / "params.yaml").read_text())
+    params["model"]["name"] = str(tiny_model)
+    params["teacher"].update(model=str(teacher), backend="torch")
+    params["retrain"].update(agreement_neighbours=2, agreement_random=1)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    text, held = tiny_sentences(6, seed=3), tiny_sentences(8, seed=9)
+    assert not set(text) & set(held)
+    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
+    (tmp_path / "heldout.txt").write_text("\n".join(held) + "\n")
+    output = tmp_path / "out"
+    stage.main(
+        [
+            *("--params", str(tmp_path / "params.yaml"), "--texts", str(tmp_path / "text.txt")),
+            *("--processed", str(write_tiny_processed(tmp_path / "processed")), "--output", str(output)),
+            *("--heldout", str(tmp_path / "heldout.txt"), "--no-benchmark"),
+        ]
+    )
+    record = TeacherVectors.load(output)
+    assert set(record.sentences) == set(text) | set(held)
+    rows = [line.split("\t") for line in (output / "agreement.tsv").read_text().splitlines()]
+    assert record.meta["agreement"] == {"heldout": 8, "pairs": len(rows), "file": "agreement.tsv"}
+    assert 8 <= len(rows) <= 8 * 3  # each sentence's 2 neighbours and 1 random partner, a pair once
+    for a, b, score in rows:
+        assert a in held and b in held and a != b
+        u, v = record.lookup([a, b])
+        assert float(score) == pytest.approx(float(u @ v / np.linalg.norm(u) / np.linalg.norm(v)), abs=1e-5)

@@ -34,7 +34,8 @@ RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
     "distill": ("distill",),
     "distill+contrastive": ("distill", "contrastive"),
 }
-RETRAIN_KEYS = ("method",)
+# method: what trains; the rest: the held-out share that selects and gates without labels (sentcl.training.agreement)
+RETRAIN_KEYS = ("method", "heldout_share", "heldout_max", "agreement_neighbours", "agreement_random")
 
 log = logging.getLogger("sentcl.data.domain")
 
@@ -45,7 +46,7 @@ class DomainTextError(ValueError):
 
 def retrain_method(params: Mapping[str, Any]) -> str:
     """params.yaml ``retrain.method`` (the only home of its default), checked."""
-    section = read_section(params, "retrain", RETRAIN_KEYS, optional=RETRAIN_KEYS)
+    section = read_section(params, "retrain", RETRAIN_KEYS, optional=RETRAIN_KEYS)  # the rest: AgreementConfig
     method = one_of(section.get("method"), "retrain.method", tuple(RETRAIN_METHODS))
     retrain_teacher(params, method)
     return method

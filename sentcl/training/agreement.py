@@ -15,11 +15,40 @@ from __future__ import annotations
 
 import hashlib
 import random as _random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from sentcl.data.domain import RETRAIN_KEYS
+from sentcl.params import ParamsError, read_section, real_number, whole_number
 from sentcl.training.objectives.distill import nearest_neighbours
+
+
+@dataclass(frozen=True)
+class AgreementConfig:
+    """params.yaml ``retrain:``'s held-out share and how its pairs are drawn."""
+
+    heldout_share: float  # share of a domain text's unique sentences set aside, never trained on
+    heldout_max: int  # at most this many held out
+    agreement_neighbours: int  # teacher neighbours of each held-out sentence
+    agreement_random: int  # random partners of each held-out sentence
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> AgreementConfig:
+        section = read_section(params, "retrain", RETRAIN_KEYS)
+        share = section["heldout_share"]
+        if real_number(share, "retrain.heldout_share", above=0) >= 1:
+            raise ParamsError(
+                f"params.yaml: retrain.heldout_share must be below 1 (the rest trains), got {share!r}"
+            )
+        return cls(
+            float(share),
+            whole_number(section["heldout_max"], "retrain.heldout_max", minimum=20),
+            whole_number(section["agreement_neighbours"], "retrain.agreement_neighbours", minimum=1),
+            whole_number(section["agreement_random"], "retrain.agreement_random", minimum=0),
+        )
 
 
 def hold_out(sentences: Sequence[str], share: float, limit: int, seed: int) -> tuple[list[str], list[str]]:
