@@ -23,6 +23,15 @@ SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENT
 is_serve_key() { local k; for k in "${SERVE_KEYS[@]}"; do [[ "$k" == "$1" ]] && return 0; done; return 1; }
 ENV_FILE="${SENTCL_ENV_FILE:-$ROOT/.env}"
 if [[ -f "$ENV_FILE" ]]; then
+  # Refused, not fixed: whoever could read it may already have the secrets (they need changing, which only
+  # the owner can judge), and a chmod behind the owner's back would hide that. `cp .env.example .env` under
+  # the usual umask 022 gives 0644: the message says what to run.
+  mode="$(stat -L -c %a "$ENV_FILE")"  # -L: a linked .env is judged by its file
+  if (( 8#$mode & 8#077 )); then
+    echo "serve: $ENV_FILE is open to other users (mode 0$mode): run chmod 600 $ENV_FILE, and change its" \
+      "secrets if anyone else could have read them" >&2
+    exit 2
+  fi
   lineno=0
   while IFS= read -r line || [[ -n "$line" ]]; do
     lineno=$((lineno + 1))
@@ -45,6 +54,31 @@ fi
 SENTCL_GATE_USER="${SENTCL_GATE_USER:-sentcl-gate}"
 MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"
+# A value left from .env.example, or one short enough to guess, would make a public operator credential (the
+# Prefect auth string starts any deployment; MLflow checks its own passwords, Prefect and Flask check none).
+# Refused before anything starts, naming the key: a value is never printed.
+MIN_SECRET=16
+shopt -s nocasematch
+for key in "${SERVE_KEYS[@]}"; do
+  if [[ "${!key}" == *CHANGE-ME* ]]; then
+    echo "serve: $key still reads CHANGE-ME (from .env.example): set a value of its own" \
+      "(in $ENV_FILE or the environment)" >&2
+    exit 2
+  fi
+done
+shopt -u nocasematch
+for key in "${SECRET_KEYS[@]}"; do
+  value="${!key}"
+  [[ -z "$value" ]] && continue                             # only the optional teammate's can be empty here
+  [[ "$key" == PREFECT_AUTH_STRING ]] && value="${value#*:}"  # user:password: the password is the secret
+  if (( ${#value} < MIN_SECRET )); then
+    what="$key"; [[ "$key" == PREFECT_AUTH_STRING ]] && what="the password of $key (user:password)"
+    echo "serve: $what is shorter than $MIN_SECRET characters: use a long random one" \
+      "(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')" >&2
+    exit 2
+  fi
+done
+unset value
 # Shell variables from here on, never exported: a process gets a secret only where it is named below. The
 # caller's own copies of other secrets (compose's, a personal MLflow login) are not passed on either.
 export -n "${SERVE_KEYS[@]}"
@@ -169,6 +203,11 @@ prefect_cli deploy --prefect-file infra/prefect.yaml \
   -n retrain-local -n pipeline-local -n promote-local >"$RUN/deploy.log" 2>&1 \
   || { echo "serve: prefect deploy failed; see $RUN/deploy.log" >&2; tail -30 "$RUN/deploy.log" >&2; exit 1; }
 echo "serve: deployments retrain-local, pipeline-local, promote-local registered (pool $POOL)"
+# What else the server holds (an old deployment, a pool someone added) also runs with operator rights: listed
+# with a warning, never removed here (it may be a teammate's work; `prefect deployment delete` is one command).
+PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
+  "$BIN/python" -m flows.inventory --prefect-file infra/prefect.yaml --pool "$POOL" \
+  || echo "serve: warning: could not list the server's deployments and work pools (above)" >&2
 
 # The worker's flow runs (and the stages they start) gate: they alone get the gate's MLflow account.
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \

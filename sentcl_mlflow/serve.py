@@ -9,7 +9,12 @@ What ``mlflow models serve -m models:/...`` does, with two checks in front of it
   (one line, exit 2);
 - a JSON request whose sentences are not all strings (``{"inputs": [123, null]}``) is answered 400 with a
   message naming the first bad item, before MLflow's parser would turn them into the text "123" and "None"
-  (it coerces to the logged string signature).
+  (it coerces to the logged string signature);
+- a CSV request is refused (415): CSV has no types, so nothing can tell the number 123 from the sentence
+  "123", and pandas, which MLflow parses it with, drops blank lines and takes the first line as a header,
+  so the answer would not line up with the lines sent. Parquet (typed) stays: MLflow refuses a column that
+  is not text, and the model itself refuses a missing value (``pyfunc_checks.sentences``), whatever the
+  content type.
 
 The app is MLflow's own scoring server (``mlflow.pyfunc.scoring_server.init``): same routes, same answers.
 """
@@ -24,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 INPUT_KEYS = ("inputs", "instances", "dataframe_split", "dataframe_records")
+CSV_REFUSED = (
+    "text/csv is not accepted: CSV cannot tell a number from a sentence, and blank lines and the header "
+    'line would be dropped from the answer; send JSON, {"inputs": ["a sentence", ...]}'
+)
 
 
 def _cells(payload: dict[str, Any]) -> list[Any] | None:
@@ -82,6 +91,8 @@ def build_app(model_dir: Path):  # noqa: ANN201 (a FastAPI app; fastapi is MLflo
     async def strings_only(request: Request, call_next):  # noqa: ANN001, ANN202
         if request.method == "POST" and request.url.path == "/invocations":
             content_type = request.headers.get("content-type", "")
+            if content_type.split(";")[0].strip().lower() == "text/csv":
+                return JSONResponse({"error_code": "BAD_REQUEST", "message": CSV_REFUSED}, status_code=415)
             if "json" in content_type:
                 problem = input_problem(await request.body())
                 if problem:

@@ -325,6 +325,19 @@ def _csrf_headers(port: int, auth: str) -> dict[str, str]:
     return {"Authorization": auth, "Prefect-Csrf-Token": token, "Prefect-Csrf-Client": "sentcl-test"}
 
 
+def _post_prefect(port: int, auth: str, path: str, body: dict | None = None, method: str = "POST") -> dict:
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/api/{path}",
+        data=None if body is None else json.dumps(body).encode(),
+        headers={"Content-Type": "application/json", **_csrf_headers(port, auth)},
+        method=method,
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
 def _wait_for_event_run(port: int, deadline_s: float, auth: str = "") -> list[dict]:
     import time
     import urllib.request
@@ -389,6 +402,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         + "# compose only\nMLFLOW_ALLOWED_HOSTS=mlops.example.internal:5000\n"
         + "PREFECT_UI_ORIGIN=http://evil.example\nPOSTGRES_PASSWORD='compose-pg-secret'\n"
     )
+    env_file.chmod(0o600)  # serve refuses a .env other users can read
     env = dict(
         os.environ,
         VENV=str(Path(sys.executable).parent.parent),
@@ -444,6 +458,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
             deployments = {d["name"]: d for d in json.load(response)}
         assert {"retrain-local", "pipeline-local", "promote-local"} <= set(deployments)
         assert deployments["retrain-local"]["schedules"], "the retrain deployment has its cron schedule"
+        assert "is not defined in prefect.yaml" not in serve.stdout  # a fresh server holds only its own
 
         # A file landing in the inbox: watcher event -> deployment trigger -> worker -> a retrain flow run,
         # which refuses all-duplicate text before training (so the test stays short and changes nothing).
@@ -452,11 +467,22 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         assert runs and runs[0]["state_type"] == "FAILED", runs
         assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
 
+        # A deployment and a work pool prefect.yaml does not define (what an old checkout or a teammate left):
+        # the next `make serve` names each with a warning and removes neither.
+        _post_prefect(prefect_port, auth, "work_pools/", {"name": "stray-pool", "type": "process"})
+        flow_id = _post_prefect(prefect_port, auth, "flows/", {"name": "stray-flow"})["id"]
+        _post_prefect(prefect_port, auth, "deployments/", {"name": "stray-deployment", "flow_id": flow_id})
+
         # MLflow crashes; `make serve` again: what runs is left alone, the crashed server starts again and the
         # account setup (already done) succeeds a second time.
         os.kill(pids["mlflow-server"], signal.SIGKILL)
         again = _serve(env)
         assert again.returncode == 0, again.stdout + again.stderr
+        warnings = [line for line in again.stdout.splitlines() if "is not defined in prefect.yaml" in line]
+        assert len(warnings) == 2, again.stdout
+        assert "serve: warning: deployment stray-flow/stray-deployment" in warnings[0]
+        assert "serve: warning: work pool stray-pool (type process)" in warnings[1]
+        _post_prefect(prefect_port, auth, "work_pools/stray-pool", method="GET")  # still there
         assert "mlflow-server" in again.stdout and "starting it again" in again.stdout
         for name in ("prefect-server", "worker", "watcher"):
             assert f"serve: {name} already running (pid {pids[name]})" in again.stdout
