@@ -10,7 +10,7 @@ What ``mlflow models serve -m models:/...`` does, with two checks in front of it
 - a JSON request whose sentences are not all strings (``{"inputs": [123, null]}``) is answered 400 with a
   message naming the first bad item, before MLflow's parser would turn them into the text "123" and "None"
   (it coerces to the logged string signature);
-- a CSV request is refused (415): CSV has no types, so nothing can tell the number 123 from the sentence
+- a CSV request is refused (400, as every input the model cannot take): CSV has no types, so nothing can tell the number 123 from the sentence
   "123", and pandas, which MLflow parses it with, drops blank lines and takes the first line as a header,
   so the answer would not line up with the lines sent. Parquet (typed) stays: MLflow refuses a column that
   is not text, and the model itself refuses a missing value (``pyfunc_checks.sentences``), whatever the
@@ -92,7 +92,7 @@ def build_app(model_dir: Path):  # noqa: ANN201 (a FastAPI app; fastapi is MLflo
         if request.method == "POST" and request.url.path == "/invocations":
             content_type = request.headers.get("content-type", "")
             if content_type.split(";")[0].strip().lower() == "text/csv":
-                return JSONResponse({"error_code": "BAD_REQUEST", "message": CSV_REFUSED}, status_code=415)
+                return JSONResponse({"error_code": "BAD_REQUEST", "message": CSV_REFUSED}, status_code=400)
             if "json" in content_type:
                 problem = input_problem(await request.body())
                 if problem:

@@ -118,7 +118,7 @@ def test_the_checked_server_refuses_csv_and_non_strings_and_serves_sentences(mod
         for body in (b'sentence\n""\n123\n', b"sentence\n\na dog\n", b"a dog\na cat\n"):
             for content_type in (CSV, "text/csv; charset=utf-8"):
                 status, answer = post(port, body, content_type)
-                assert status == 415, (body, answer)
+                assert status == 400, (body, answer)
                 assert (
                     answer["message"].startswith("text/csv is not accepted")
                     and "send JSON" in answer["message"]
