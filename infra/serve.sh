@@ -47,10 +47,13 @@ if [[ -f "$ENV_FILE" ]]; then
     printf -v "$key" '%s' "$value"
   done <"$ENV_FILE"
 fi
-: "${PREFECT_AUTH_STRING:?set PREFECT_AUTH_STRING=user:password (see .env.example)}"
-: "${MLFLOW_AUTH_ADMIN_PASSWORD:?set MLFLOW_AUTH_ADMIN_PASSWORD (see .env.example)}"
-: "${MLFLOW_FLASK_SERVER_SECRET_KEY:?set MLFLOW_FLASK_SERVER_SECRET_KEY (see .env.example)}"
-: "${SENTCL_GATE_PASSWORD:?set SENTCL_GATE_PASSWORD (see .env.example)}"
+# No default for a secret: a missing one stops here, named, exit 2 like every refused input.
+for key in PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD; do
+  if [[ -z "${!key:-}" ]]; then
+    echo "serve: $key is not set (in $ENV_FILE or the environment; see .env.example)" >&2
+    exit 2
+  fi
+done
 SENTCL_GATE_USER="${SENTCL_GATE_USER:-sentcl-gate}"
 MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"

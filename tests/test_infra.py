@@ -222,9 +222,7 @@ def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images(
 
 
 def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_auth():
-    serve = (INFRA / "serve.sh").read_text()
-    for name in SERVE_SECRETS:
-        assert f"${{{name}:?" in serve, name
+    serve = (INFRA / "serve.sh").read_text()  # a missing secret: tests/test_serve_secrets.py runs the refusal
     # .env is parsed, never sourced nor exported wholesale.
     assert not re.search(r"^\s*(source|\.)\s", serve, re.M) and "set -a" not in serve
     assert (

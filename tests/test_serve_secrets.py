@@ -125,3 +125,10 @@ def test_a_linked_dot_env_is_judged_by_the_file_it_points_to(tmp_path):
     assert out.returncode == 2, out.stderr
     assert out.stderr.startswith("serve: SENTCL_GATE_PASSWORD still reads CHANGE-ME"), out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dot.env", "secrets"]
+
+
+@pytest.mark.parametrize("missing", sorted(GOOD))
+def test_a_missing_secret_is_named_in_one_line_exit_2(tmp_path, missing):
+    values = {k: v for k, v in GOOD.items() if k != missing}
+    out, _ = serve(tmp_path, values)
+    assert_refused_before_start(out, tmp_path, missing, "not set")
