@@ -229,3 +229,17 @@ def test_pipeline_stage_writes_the_split_tables_and_keeps_the_metrics_files(tmp_
         }
     table = (tmp_path / "metrics" / "sts.md").read_text()
     assert "By what the checkpoint saw" in table and "| transfer-nli | mixed |" in table
+
+
+def test_unseen_sts_score_weighs_sources_by_pairs_and_skips_small_ones():
+    from sentcl.evaluation.seen import unseen_sts_scores
+
+    def subset(task: str, n: int) -> Subset:
+        s = _sentences(2 * n)
+        return Subset(task, "train", tuple(s[:n]), tuple(s[n:]), np.arange(float(n)))
+
+    parts = [subset("STSb", 60), subset("SICK-R", 30), subset("STS12", 10)]
+    cosines = [np.arange(60.0), -np.arange(30.0), np.arange(10.0)]  # +100, -100, too few to score
+    result = unseen_sts_scores(parts, cosines)
+    assert result["pairs"] == 100 and result["sources"]["STS12 train"] == {"pairs": 10, "spearman": None}
+    assert result["spearman"] == pytest.approx((60 * 100 - 30 * 100) / 90)
