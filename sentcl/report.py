@@ -84,6 +84,26 @@ def sts_table(sts: dict[str, Any], protocol: str) -> dict[str, Any]:
     return {"columns": columns, "rows": rows}
 
 
+SEEN_SPLITS = ("seen", "unseen", "mixed")  # sentcl.evaluation.seen.SPLITS, as sts.json spells its keys
+
+
+def seen_split_table(sts: dict[str, Any]) -> dict[str, Any] | None:
+    """Per checkpoint, the seven tasks' average Spearman per split (seen / unseen / mixed, with pair counts) and
+    its score on the scored STS pairs no stage trained on; None when sts.json predates the split."""
+    rows = []
+    for name, row in sts.items():
+        split, unseen = row.get("seen_split"), row.get("unseen_sts")
+        if not split or not unseen:
+            return None
+        cells = [
+            {"value": split["avg"][s]["spearman"], "pairs": split["avg"][s]["pairs"]} for s in SEEN_SPLITS
+        ]
+        cells.append({"value": unseen.get("spearman"), "pairs": unseen.get("pairs", 0)})
+        rows.append({"name": name, "cells": cells})
+    first = next(iter(sts.values()), {})
+    return {"rows": rows, "unseen_from": (first.get("unseen_sts") or {}).get("from", "")}
+
+
 def curves_png(curves_dir: Path) -> str | None:
     """Loss and STS-B dev by step of every metrics/curves/*.csv, as one PNG (base64); None when there is none."""
     files = sorted(curves_dir.glob("*.csv")) if curves_dir.is_dir() else []
@@ -271,6 +291,7 @@ def render_report(metrics: Path, plots: Path, params: dict[str, Any], commit: st
         sts=sts,
         pooling=next(iter(sts.values())).get("pooling", "?") if sts else "?",
         tables=tables,
+        seen_split=None if sts is None else seen_split_table(sts),
         curves=curves_png(metrics / "curves"),
         analyses=analysis_sections(analysis, plots, root),
         frequent_tokens=_frequent_tokens_summary(analysis / "freq_tokens.json"),

@@ -15,6 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 RAW = DATA / "raw"  # fetch: SentEval layout + MANIFEST.json
 PROCESSED = DATA / "processed"  # validate: pairs.parquet, nli.parquet
+SEEN = DATA / "seen"  # training stages: <stage>.txt, the sentences each trained on (evaluate splits by them)
 REPORTS = ROOT / "reports"  # validate: validation.json
 MODELS = ROOT / "models"  # training stages: sentence-transformers folders
 CHECKPOINTS = ROOT / "checkpoints"  # resume state, removed when a stage completes

@@ -8,6 +8,12 @@ and the dev splits beside it: STS-B dev (``stsb_dev``) and SICK-R trial (``sick_
 
 ``--data`` is a folder in SentEval layout (default: the pipeline's data/raw).
 
+The stage also splits each checkpoint's seven tasks by what it saw in training (``seen_split`` in sts.json:
+pairs whose two sentences, one or neither are in the text of the training stages of its lineage,
+``data/seen/<stage>.txt``, matched by token ids) and scores the STS-B train and SICK-R train pairs that no stage
+trained on and no evaluation reads (``unseen_sts``; ``sentcl.evaluation.seen.unseen_sts_subsets`` has the rule).
+The standalone mode does neither.
+
 Pooling, per model folder: ``--pooling`` when given, else the pooling the folder carries (``sentcl_pooling.json``,
 written for a prompt-trained model), else params ``evaluate.pooling``. ``--pooling prompt`` takes its template,
 denoising and final period from params ``evaluate.prompt``; ``--template``/``--denoise``/``--no-denoise`` override
@@ -20,15 +26,21 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+
 from sentcl.evaluation import models as scoring
-from sentcl.evaluation.benchmark import load_benchmark
+from sentcl.evaluation import seen as seen_split
+from sentcl.evaluation.benchmark import Benchmark, load_benchmark
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import BACKENDS
 from sentcl.model.pooling import POOLINGS
-from stages.common import METRICS, MODELS, RAW, load_params, missing_model, offline_hub
+from sentcl.training.recipes import checkpoint_lineage, training_stages
+from stages.common import METRICS, MODELS, PROCESSED, RAW, SEEN, load_params, missing_model, offline_hub
 
 log = logging.getLogger("stages.evaluate")
 
@@ -48,13 +60,17 @@ def run_pipeline(
     folders = {name: MODELS / name for name in settings["checkpoints"]}
     poolings = scoring.checkpoint_poolings(folders, settings, pooling, prompt_flags)
     pooling, backend = pooling or settings["pooling"], backend or settings["backend"]
+    benchmark, more_scores, seen_files = split_scoring(
+        load_benchmark(data), list(folders), params["model"]["max_length"], PROCESSED, SEEN, MODELS / "base"
+    )
     results = scoring.score_checkpoints(
         folders,
         poolings,
-        load_benchmark(data),
+        benchmark,
         backend,
         int(settings["max_tokens"]),
         on_result=lambda name, result: log.info(scoring.summary_line(name, result)),
+        more_scores=more_scores,
     )
     artifacts = scoring.write_sts_outputs(results, METRICS, scoring.pooling_description(poolings, pooling))
     metrics = {f"{name}.{k}": v for name, row in results.items() for k, v in sts_metrics(row).items()}
@@ -62,10 +78,68 @@ def run_pipeline(
         "evaluate",
         {"evaluate": settings | {"pooling": pooling, "backend": backend}},
         metrics,
-        inputs=[data, *folders.values()],
+        inputs=[data, PROCESSED, *seen_files, *folders.values()],
         artifacts=artifacts,
     )
     return results
+
+
+def split_scoring(
+    benchmark: Benchmark,
+    checkpoints: list[str],
+    max_length: int,
+    processed: Path,
+    seen_dir: Path,
+    tokenizer_from: Path,
+) -> tuple[Benchmark, Callable[[str, dict[str, Any]], dict[str, Any]], list[Path]]:
+    """What splits each checkpoint's scores by what it saw (``sentcl.evaluation.seen``): the benchmark with the
+    unseen-STS pairs added (encoded with it), the scorer of a checkpoint's cosines, and the seen-text files
+    read. Sentences match by token ids under the checkpoints' tokenizer (that of ``tokenizer_from``; every
+    checkpoint starts from base) cut at ``model.max_length``. A training stage's text missing: setup error."""
+    from transformers import AutoTokenizer
+
+    texts: dict[str, list[str]] = {}
+    for stage in training_stages():
+        path = seen_dir / f"{stage}.txt"
+        if not path.is_file():
+            raise scoring.EvaluationSetupError(
+                f"{path} is missing: run the training stages first (dvc repro)"
+            )
+        texts[stage] = path.read_text(encoding="utf-8").splitlines()
+    tokens = seen_split.token_matcher(
+        AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_from)), max_length
+    )
+    every_text = {s for lines in texts.values() for s in lines}
+    unseen = seen_split.unseen_sts_subsets(pd.read_parquet(processed / "pairs.parquet"), every_text, tokens)
+    benchmark = replace(benchmark, extra=unseen)
+    # One key per benchmark sentence, computed once: six checkpoints split the same pairs.
+    sentences = benchmark.sentences
+    cache = dict(zip(sentences, tokens(sentences), strict=True))
+
+    def keys(batch: Any) -> list[Any]:
+        return [cache[s] for s in batch]
+
+    lineages = {name: checkpoint_lineage(name) for name in checkpoints}
+    seen_sets = {
+        name: seen_split.seen_keys([s for stage in stages for s in texts[stage]], tokens)
+        for name, stages in lineages.items()
+    }
+
+    def more_scores(name: str, cosines: dict[str, Any]) -> dict[str, Any]:
+        split = seen_split.split_scores(benchmark.subsets, cosines["subsets"], seen_sets[name], keys)
+        split |= {"trained_on": [f"data/seen/{stage}.txt" for stage in lineages[name]]}
+        unseen_scores = seen_split.unseen_sts_scores(benchmark.extra, cosines["extra"])
+        return {
+            "seen_split": split,
+            seen_split.UNSEEN_STS: unseen_scores | {"from": seen_split.UNSEEN_DESCRIPTION},
+        }
+
+    log.info(
+        "unseen STS: %d scored pairs no stage trained on (%s)",
+        sum(len(s) for s in unseen),
+        ", ".join(f"{s.task} {s.name} {len(s)}" for s in unseen),
+    )
+    return benchmark, more_scores, [seen_dir / f"{stage}.txt" for stage in texts]
 
 
 def main(argv: list[str] | None = None) -> int:

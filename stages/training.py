@@ -21,7 +21,17 @@ from sentcl.training import runs as training_runs
 from sentcl.training.config import ConfigError, TrainConfig
 from sentcl.training.runtime import dist_info
 from sentcl_mlflow.runs import log_stage, preflight
-from stages.common import CHECKPOINTS, METRICS, MODELS, PROCESSED, ROOT, fail, offline_hub, params_label
+from stages.common import (
+    CHECKPOINTS,
+    METRICS,
+    MODELS,
+    PROCESSED,
+    ROOT,
+    SEEN,
+    fail,
+    offline_hub,
+    params_label,
+)
 
 log = logging.getLogger("stages.training")
 
@@ -110,6 +120,14 @@ def records_dirs(args: argparse.Namespace) -> tuple[Path, Path]:
     )
 
 
+def seen_file(stage: str, metrics_dir: Path = METRICS) -> Path:
+    """Where a stage records the sentences it trained on: ``data/seen/<stage>.txt`` for the pipeline (a DVC
+    output: large, so cached rather than in git beside metrics/), else ``<records>/seen/<stage>.txt`` beside
+    the run's other records, so a run by hand never overwrites the pipeline's."""
+    pipeline = Path(metrics_dir).resolve() == METRICS.resolve()
+    return (SEEN if pipeline else Path(metrics_dir) / "seen") / f"{stage}.txt"
+
+
 def run_stage(
     stage: str,
     config: TrainConfig,
@@ -142,6 +160,10 @@ def run_stage(
         config, init, examples, dev_pairs, checkpoints, ROOT, domain_dev, max_task_drop, summary, teacher
     )
     if rank == 0:
+        # What the evaluate stage splits the test pairs by (seen / unseen / mixed): never inside the model folder.
+        sentences = training_data.example_sentences(examples)
+        seen = training_data.write_seen(seen_file(stage, Path(metrics_dir)), sentences)
+        log.info("%s: the %d sentences it trained on -> %s", stage, len(sentences), seen)
         records = (log, stage, encoder, output, result, metrics, Path(metrics_dir), max_task_drop)
         curves, numeric = training_runs.write_run(*records)
         # The weights stay in DVC's cache; the registry gets the exported model, not every stage's folder.

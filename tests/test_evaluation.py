@@ -23,7 +23,7 @@ from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import Encoder
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.folder import model_max_length
-from tests.tiny import make_tiny_encoder, tiny_vocab
+from tests.tiny import make_tiny_encoder, tiny_vocab, write_tiny_processed
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "senteval"
 WORDS = "a man woman dog cat playing guitar eating food riding horse running street children ball red blue car".split()
@@ -367,6 +367,20 @@ def test_weights_digest_ignores_the_tokenizers_saved_call_state_but_not_its_voca
     assert weights_digest(other) != weights_digest(tiny_model)
 
 
+def split_inputs(stage, tmp_path: Path, monkeypatch) -> None:  # noqa: ANN001 (the stages.evaluate module)
+    """What the evaluate stage splits by what each checkpoint saw (tests/test_seen_split.py checks the split):
+    the validate stage's pairs and every training stage's seen text, here empty (nothing was trained on)."""
+    from sentcl.training.recipes import training_stages
+
+    processed, seen = tmp_path / "processed", tmp_path / "seen"
+    write_tiny_processed(processed)
+    seen.mkdir()
+    for name in training_stages():
+        (seen / f"{name}.txt").write_text("")
+    monkeypatch.setattr(stage, "PROCESSED", processed)
+    monkeypatch.setattr(stage, "SEEN", seen)
+
+
 def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_once(
     tiny_model, mini_data, tmp_path, monkeypatch
 ):
@@ -383,8 +397,10 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
     shutil.copytree(other, models / "joint")
     monkeypatch.setattr(stage, "MODELS", models)
     monkeypatch.setattr(stage, "METRICS", metrics)
+    split_inputs(stage, tmp_path, monkeypatch)
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
-    results = stage.run_pipeline({"evaluate": {"backend": "torch"}}, mini_data[0], None, None)
+    params = {"evaluate": {"backend": "torch"}, "model": {"max_length": 32}}
+    results = stage.run_pipeline(params, mini_data[0], None, None)
 
     written = json.loads((metrics / "sts.json").read_text())
     assert list(written) == list(CHECKPOINTS) == list(results)
@@ -392,7 +408,8 @@ def test_pipeline_stage_writes_one_row_per_checkpoint_and_scores_equal_weights_o
     assert "same_weights_as" not in written["joint"] and written["joint"]["all"] != written["base"]["all"]
     assert written["transfer-joint"]["model"] == "models/transfer-joint"
     table = (metrics / "sts.md").read_text()
-    assert table.count("| transfer-nli |") == 2  # once per protocol table
+    # Once per protocol table, once in the split summary, once per split (seen, unseen, mixed) by task.
+    assert table.count("| transfer-nli |") == 2 + 1 + 3
     # The DVC metrics: one small file per checkpoint, two keys, two decimals, no wall time or path (issue 14).
     for name in CHECKPOINTS:
         summary = json.loads((metrics / "eval" / f"{name}.json").read_text())

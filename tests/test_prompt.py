@@ -29,7 +29,7 @@ from sentcl.model.prompt import (
     template_ids,
 )
 from sentcl.training.objectives.promptbert import MLPHead, PromptContrastiveLoss
-from tests.test_evaluation import make_tiny_model, write_mini_senteval
+from tests.test_evaluation import make_tiny_model, split_inputs, write_mini_senteval
 
 TEMPLATE = PAPER_TEMPLATE  # This sentence : "[X]" means [MASK] .
 
@@ -243,8 +243,10 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
     Encoder.from_pretrained(str(folder), pooling="prompt", prompt=own).save(models / "transfer-base")
     monkeypatch.setattr(stage, "MODELS", models)
     monkeypatch.setattr(stage, "METRICS", metrics)
+    split_inputs(stage, tmp_path, monkeypatch)
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
     params = {"evaluate": {"backend": "torch", "prompt": {"template": PAPER_TEMPLATE, "denoise": False}}}
+    params["model"] = {"max_length": 32}
     results = stage.run_pipeline(params, data, None, None)
     assert results["transfer-base"]["pooling"] == "prompt" and results["base"]["pooling"] == "last-avg"
     benchmark = stage.load_benchmark(data)

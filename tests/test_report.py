@@ -166,3 +166,28 @@ def test_a_distilled_champion_names_its_teacher(metrics, tmp_path):
     p["transfer"]["base"]["objective"] = "contrastive"
     page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", p)).text).split())
     assert "contrastive; lr" in page and "distill from" not in page
+
+
+def _split(seen: float | None, unseen: float, pairs: tuple[int, int, int]) -> dict:
+    avg = {
+        "seen": {"spearman": seen, "tasks": 7, "pairs": pairs[0]},
+        "unseen": {"spearman": unseen, "tasks": 7, "pairs": pairs[1]},
+        "mixed": {"spearman": None, "tasks": 0, "pairs": pairs[2]},
+    }
+    return {"tasks": {}, "avg": avg}
+
+
+def test_the_seen_unseen_table_shows_each_split_with_its_pairs(metrics, tmp_path):
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", params())).text).split())
+    assert "Seen and unseen sentences" not in page  # an sts.json from before the split: no table
+    rows = {
+        "base": BASE | {"seen_split": _split(None, 74.5, (0, 9000, 0))},
+        "transfer-base": ROW | {"seen_split": _split(80.25, 75.0, (8000, 900, 100))},
+    }
+    for name, unseen in (("base", 74.11), ("transfer-base", 74.31)):
+        rows[name]["unseen_sts"] = {"pairs": 750, "spearman": unseen, "from": "STS-B and SICK train pairs"}
+    (metrics / "sts.json").write_text(json.dumps(rows))
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", params())).text).split())
+    assert "Seen and unseen sentences" in page and "Unseen STS : STS-B and SICK train pairs" in page
+    assert "base - (0) 74.50 (9000) - (0) 74.11 (750)" in page
+    assert "transfer-base 80.25 (8000) 75.00 (900) - (100) 74.31 (750)" in page

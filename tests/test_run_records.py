@@ -21,6 +21,7 @@ def test_a_transfer_with_output_outside_models_keeps_the_pipeline_records(tmp_pa
     tracked.write_text('{"stsb_dev_best": 87.41}\n')  # the pipeline's record, as committed
     monkeypatch.setattr(training, "METRICS", pipeline_metrics)
     monkeypatch.setattr(training, "CHECKPOINTS", pipeline_checkpoints)
+    monkeypatch.setattr(training, "SEEN", tmp_path / "data" / "seen")
 
     models = tmp_path / "models"
     processed = write_tiny_processed(tmp_path / "processed")
@@ -40,6 +41,9 @@ def test_a_transfer_with_output_outside_models_keeps_the_pipeline_records(tmp_pa
     records = tmp_path / "sweep" / "lr-fast.records"
     assert json.loads((records / "train" / "transfer-base.json").read_text())["steps"] == 1
     assert (records / "curves" / "transfer-base.csv").is_file()
+    # The sentences it trained on (max_texts 16 distinct ones) beside its records, not in the pipeline's data/seen.
+    assert len(set((records / "seen" / "transfer-base.txt").read_text().splitlines())) == 16
+    assert not (tmp_path / "data").exists()
     assert (out / "modules.json").is_file()
 
 

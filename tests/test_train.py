@@ -6,6 +6,7 @@ import csv
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -276,6 +277,15 @@ def test_the_three_stages_end_to_end(tmp_path):
     assert json.loads((metrics / "train" / "transfer-base.json").read_text())["examples"] == 40
     assert json.loads((metrics / "train" / "transfer-custom.json").read_text())["examples"] == 30
     assert (tmp_path / "custom" / "modules.json").is_file()
+    # Each stage's seen text: every NLI sentence for nli and joint, the 40 sampled sentences, the domain file.
+    nli = pd.read_parquet(processed / "nli.parquet")
+    for name in ("nli", "joint"):
+        lines = (metrics / "seen" / f"{name}.txt").read_text().splitlines()
+        assert lines == sorted(set(nli.premise) | set(nli.hypothesis))
+    assert len((metrics / "seen" / "transfer-base.txt").read_text().splitlines()) == 40
+    custom = (metrics / "seen" / "transfer-custom.txt").read_text().splitlines()
+    assert custom == sorted(set(domain.read_text().splitlines()))
+    assert not (models / "nli" / "seen").exists()
     assert not checkpoints.exists() or not any(checkpoints.iterdir())  # resume state removed on completion
 
 

@@ -62,6 +62,9 @@ class Benchmark:
     dev: Subset | None = None  # STS-B dev, reported beside the benchmark, never part of it
     skipped_pairs: int = 0
     sick_dev: Subset | None = None  # SICK-R trial (SICK_trial.txt, 500 pairs), likewise beside it
+    # Further scored sets encoded with it (the unseen-STS pairs: ``sentcl.evaluation.seen``); scored by the
+    # caller from the cosines ``evaluate(keep_cosines=True)`` returns, never part of the benchmark's tables.
+    extra: tuple[Subset, ...] = ()
 
     @property
     def dev_subsets(self) -> list[Subset]:
@@ -70,7 +73,7 @@ class Benchmark:
     @property
     def sentences(self) -> list[str]:
         """Every distinct sentence of the benchmark (and the dev splits), in first-seen order."""
-        parts = [*self.subsets, *self.dev_subsets]
+        parts = [*self.subsets, *self.dev_subsets, *self.extra]
         return list(
             dict.fromkeys(s for part in parts for side in (part.sentences1, part.sentences2) for s in side)
         )
@@ -144,14 +147,22 @@ def score_vectors(benchmark: Benchmark, sentences: Sequence[str], vectors: np.nd
     return result
 
 
-def evaluate(benchmark: Benchmark, encode: Encode) -> dict:
-    """Encode every unique sentence once with ``encode`` and score the benchmark; adds ``seconds``."""
+def evaluate(benchmark: Benchmark, encode: Encode, keep_cosines: bool = False) -> dict:
+    """Encode every unique sentence once with ``encode`` and score the benchmark; adds ``seconds``.
+    ``keep_cosines``: also ``cosines``, ``{"subsets": [..], "extra": [..]}`` (one array per subset of
+    ``benchmark.subsets`` and ``benchmark.extra``, in order), for scores the caller computes itself."""
     start = time.perf_counter()
     sentences = benchmark.sentences
     vectors = np.asarray(encode(sentences))
     if vectors.shape[0] != len(sentences):
         raise ValueError(f"encode returned {vectors.shape[0]} vectors for {len(sentences)} sentences")
     result = score_vectors(benchmark, sentences, vectors)
+    if keep_cosines:
+        index = {s: i for i, s in enumerate(sentences)}
+        result["cosines"] = {
+            part: [_pair_cosines(s, vectors, index) for s in getattr(benchmark, part)]
+            for part in ("subsets", "extra")
+        }
     result["seconds"] = time.perf_counter() - start
     return result
 

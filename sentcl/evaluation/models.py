@@ -14,6 +14,7 @@ from typing import Any
 
 from sentcl.digest import update_from_file
 from sentcl.evaluation.benchmark import Benchmark, evaluate, markdown_table, order_result
+from sentcl.evaluation.seen import MIN_PAIRS, UNSEEN_DESCRIPTION, split_markdown
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import DEFAULT_MAX_TOKENS, FastEncoder
 from sentcl.model.pooling import ModelPooling, PromptSettings, read_model_pooling
@@ -46,8 +47,10 @@ def evaluate_model(
     max_tokens: int = DEFAULT_MAX_TOKENS,
     progress: bool = True,
     prompt: PromptSettings | None = None,
+    keep_cosines: bool = False,
 ) -> dict[str, Any]:
-    """The standalone JSON for one model folder (or the bundled model's name)."""
+    """The standalone JSON for one model folder (or the bundled model's name); ``keep_cosines``: with the
+    pairs' cosines (``benchmark.evaluate``), which the caller pops before writing."""
     encoder = FastEncoder(
         model,
         pooling=pooling,
@@ -57,7 +60,7 @@ def evaluate_model(
         progress=progress,
         prompt=prompt,
     )
-    result = evaluate(benchmark, encoder)
+    result = evaluate(benchmark, encoder, keep_cosines)
     if prompt is not None and pooling == "prompt":
         result["prompt"] = asdict(prompt)
     result.update(
@@ -133,7 +136,17 @@ def summary_line(name: str, result: dict[str, Any]) -> str:
     dev, sick = result.get("stsb_dev"), result.get("sick_dev")
     dev_text = f"STS-B dev {dev:.2f}" if dev is not None else "no STS-B dev"
     dev_text += f", SICK-R trial {sick:.2f}" if sick is not None else ""
-    return f"{name}: {tasks} | {dev_text} ({result['seconds']:.0f} s, {result['backend']})"
+    line = f"{name}: {tasks} | {dev_text} ({result['seconds']:.0f} s, {result['backend']})"
+    split, unseen = result.get("seen_split"), result.get("unseen_sts")
+    if split and unseen:  # the stage's split by what the checkpoint saw (sentcl.evaluation.seen)
+        parts = [f"{s} {_score_text(v['spearman'])} ({v['pairs']} pairs)" for s, v in split["avg"].items()]
+        parts.append(f"unseen STS {_score_text(unseen['spearman'])} ({unseen['pairs']} pairs)")
+        line += " | " + ", ".join(parts)
+    return line
+
+
+def _score_text(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def parse_models(values: list[str]) -> tuple[dict[str, str], bool]:
@@ -201,11 +214,14 @@ def score_checkpoints(
     backend: str,
     max_tokens: int,
     on_result: Callable[[str, dict[str, Any]], None],
+    more_scores: Callable[[str, dict[str, Any]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Each checkpoint folder scored with its pooling, its ``model`` named ``models/<name>``; ``on_result`` hears
-    of each as it is done."""
+    of each as it is done. ``more_scores(name, cosines)``: keys to add to a checkpoint's row from its pairs'
+    cosines (``benchmark.evaluate``'s ``keep_cosines``), e.g. the scores split by what it saw in training."""
     results: dict[str, Any] = {}
     seen: dict[str, str] = {}
+    cosines: dict[str, dict[str, Any]] = {}
     for name, folder in folders.items():
         # A stage that never beat its init writes the init unchanged: the same weights score the same, so
         # they are evaluated once (exact, and it saves minutes of `make run` on CPU).
@@ -216,10 +232,19 @@ def score_checkpoints(
         else:
             chosen = poolings[name]
             results[name] = evaluate_model(
-                folder, benchmark, chosen.pooling, backend, max_tokens=max_tokens, prompt=chosen.prompt
+                folder,
+                benchmark,
+                chosen.pooling,
+                backend,
+                max_tokens=max_tokens,
+                prompt=chosen.prompt,
+                keep_cosines=more_scores is not None,
             )
+            cosines[digest] = results[name].pop("cosines", {})
             results[name]["model"] = f"models/{name}"
             seen[digest] = name
+        if more_scores is not None:  # per checkpoint, not per weights: two names may differ in what they saw
+            results[name].update(more_scores(name, cosines[digest]))
         on_result(name, results[name])
     return results
 
@@ -276,5 +301,14 @@ def write_sts_outputs(results: dict[str, Any], folder: Path, pooling_text: str) 
         + '\nProtocol "mean" (average of per-subset Spearman; SentEval default):\n\n'
         + markdown_table(results, "mean")
     )
+    splits = split_markdown(results)
+    if splits:
+        table += (
+            "\n## By what the checkpoint saw in training\n\n"
+            "Spearman x 100 (pairs) of the seven test tasks' pairs split by whether both sentences (seen), neither "
+            "(unseen) or one (mixed) are in the text the checkpoint's training stages trained on; averages over "
+            f"the tasks with at least {MIN_PAIRS} pairs in the split. Unseen STS: "
+            f"{UNSEEN_DESCRIPTION}.\n\n" + splits
+        )
     (folder / "sts.md").write_text(table)
     return [folder / "sts.json", folder / "sts.md"]

@@ -7,6 +7,7 @@ keep it apart from the selection and test sentences are ``sentcl.data.texts``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -179,6 +180,32 @@ def distill_examples(
         log.info("distill: %d unlabeled pairs of the %s text (scores never read)", len(examples), choice)
         return examples
     return texts
+
+
+def example_sentences(examples: Iterable[Any]) -> list[str]:
+    """Every sentence the ``examples`` hold, unique and sorted: an example is a sentence, or a tuple whose
+    strings are sentences (an NLI pair and its label, a triplet, a sentence and its neighbours, an unlabeled
+    pair). What a training stage records as the text it trained on (``data/seen/<stage>.txt``)."""
+    found: set[str] = set()
+    for example in examples:
+        if isinstance(example, str):
+            found.add(example)
+        elif isinstance(example, tuple | list):
+            found.update(part for part in example if isinstance(part, str))
+    return sorted(found)
+
+
+def write_seen(path: Path, sentences: Iterable[str]) -> Path:
+    """``sentences`` one a line (a newline inside one becomes a space: one line is one sentence)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lines = sorted({" ".join(s.splitlines()) for s in sentences})
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def read_seen(path: Path) -> list[str]:
+    """A seen-text file back: its lines."""
+    return path.read_text(encoding="utf-8").splitlines()
 
 
 def limit_texts(texts: list[str], max_texts: int | str | None, seed: int) -> list[str]:

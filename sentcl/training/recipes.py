@@ -152,3 +152,24 @@ def _merge_nested(into: Any, items: dict[str, Any]) -> dict[str, Any]:
 def checkpoint_settings(params: dict[str, Any], checkpoint: str) -> dict[str, Any]:
     """What ``checkpoint`` trained with as params.yaml resolves it: ``merged(checkpoint_sections(...))``."""
     return merged(checkpoint_sections(params, checkpoint))
+
+
+def checkpoint_lineage(checkpoint: str) -> tuple[str, ...]:
+    """The training stages whose text ``checkpoint`` learned from, init first: ``base`` none (the pretrained
+    model), ``nli``/``joint`` their own (both start from base), ``transfer-<init>`` its init's and its own
+    (``transfer_run``: transfer-nli starts from nli). The one place the evaluate stage's "seen" sets come from."""
+    if checkpoint == "base":
+        return ()
+    if checkpoint in STAGE_SECTIONS:
+        return (checkpoint,)
+    init = checkpoint.removeprefix("transfer-")
+    if checkpoint.startswith("transfer-") and init in INIT_NAMES:
+        return (*checkpoint_lineage(init), checkpoint)
+    raise ValueError(
+        f"{checkpoint!r} is not a checkpoint of the pipeline (base, nli, joint, transfer-<init>)"
+    )
+
+
+def training_stages() -> tuple[str, ...]:
+    """Every training stage of the pipeline, by the checkpoint it writes (each records its seen text)."""
+    return (*STAGE_SECTIONS, *(f"transfer-{init}" for init in INIT_NAMES))

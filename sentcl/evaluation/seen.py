@@ -1,0 +1,181 @@
+"""Scores split by what a checkpoint saw in training, and the scored STS pairs no stage trained on.
+
+A checkpoint's *seen* set is every sentence the training stages of its lineage trained on (each stage records
+them: ``data/seen/<stage>.txt``). Each test pair is then ``seen`` (both sentences in it), ``unseen`` (neither)
+or ``mixed``, and each task's Spearman is reported per split with its pair count (protocol "all": a task's
+subsets concatenated). A gain on ``seen`` pairs is transductive (the model trained on those very sentences);
+only ``unseen`` says what it learned that carries to new sentences.
+
+Matching is by a *key* per sentence: the sentence as the validate stage's tables hold it (stripped of outer
+whitespace, ``exact_keys``), or, as the evaluate stage does it, its token ids under the models' tokenizer cut at
+``model.max_length`` (``token_matcher``: the relation ``sentcl.data.texts`` keeps training text apart from the
+dev splits with, so a test sentence that differs from a trained one only in case or spacing counts as seen).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sentcl.data.texts import token_keys
+from sentcl.evaluation.benchmark import Subset
+from sentcl.evaluation.sts import spearman100
+
+SPLITS = ("seen", "unseen", "mixed")
+MIN_PAIRS = 30  # a split with fewer pairs gets its count, not a score: a Spearman of so few pairs is noise
+UNSEEN_STS = "unseen_sts"  # the key of the set of scored pairs no stage trained on, in each row of sts.json
+UNSEEN_SOURCES = ("STSb", "SICK-R")  # the tasks with a train split of scored pairs that no evaluation reads
+
+UNSEEN_DESCRIPTION = (
+    "the STS-B train and SICK-R train pairs (data/processed/pairs.parquet) none of whose two sentences is in a "
+    "test set, STS-B dev, SICK-R trial or any training stage's text; Spearman per source, averaged weighted "
+    "by pairs"
+)
+
+Keys = Callable[[Sequence[str]], list[Hashable]]
+
+
+def exact_keys(sentences: Sequence[str]) -> list[Hashable]:
+    """The sentence as the validate stage's tables hold it (outer whitespace stripped)."""
+    return [s.strip() for s in sentences]
+
+
+def token_matcher(tokenizer: Any, max_length: int) -> Keys:
+    """Keys by token ids as the model reads the sentence (``sentcl.data.texts.token_keys``)."""
+    return lambda sentences: list(token_keys([s.strip() for s in sentences], tokenizer, max_length))
+
+
+def seen_keys(texts: Iterable[str], keys: Keys = exact_keys) -> frozenset[Hashable]:
+    return frozenset(keys(sorted(set(texts))))
+
+
+def pair_splits(subset: Subset, seen: frozenset[Hashable], keys: Keys = exact_keys) -> np.ndarray:
+    """Each pair's split: ``seen`` (both sentences' keys in ``seen``), ``unseen`` (neither) or ``mixed``."""
+    first = np.array([k in seen for k in keys(subset.sentences1)], dtype=bool)
+    second = np.array([k in seen for k in keys(subset.sentences2)], dtype=bool)
+    both, either = first & second, first | second
+    return np.where(both, "seen", np.where(either, "mixed", "unseen"))
+
+
+def _score(cosines: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
+    n = len(gold)
+    return {"pairs": int(n), "spearman": spearman100(cosines, gold) if n >= MIN_PAIRS else None}
+
+
+def split_scores(
+    subsets: Sequence[Subset],
+    cosines: Sequence[np.ndarray],
+    seen: frozenset[Hashable],
+    keys: Keys = exact_keys,
+) -> dict[str, Any]:
+    """``{"tasks": {task: {split: {pairs, spearman}}}, "avg": {split: {spearman, tasks, pairs}}}``.
+
+    Per task, the pairs of its subsets concatenated (protocol "all"); ``spearman`` is None below ``MIN_PAIRS``.
+    ``avg``: the mean over the tasks that have a score for the split (``tasks`` says how many), and the
+    split's pairs over all tasks."""
+    by_task: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+    for subset, sim in zip(subsets, cosines, strict=True):
+        labels = pair_splits(subset, seen, keys)
+        by_task.setdefault(subset.task, []).append((np.asarray(sim, dtype=np.float64), subset.gold, labels))
+    tasks: dict[str, dict[str, Any]] = {}
+    for task, parts in by_task.items():
+        sims = np.concatenate([p[0] for p in parts])
+        gold = np.concatenate([p[1] for p in parts])
+        labels = np.concatenate([p[2] for p in parts])
+        tasks[task] = {split: _score(sims[labels == split], gold[labels == split]) for split in SPLITS}
+    avg = {}
+    for split in SPLITS:
+        scores = [row[split]["spearman"] for row in tasks.values() if row[split]["spearman"] is not None]
+        avg[split] = {
+            "spearman": float(np.mean(scores)) if scores else None,
+            "tasks": len(scores),
+            "pairs": sum(row[split]["pairs"] for row in tasks.values()),
+        }
+    return {"tasks": tasks, "avg": avg}
+
+
+def unseen_sts_subsets(
+    pairs: pd.DataFrame, training_texts: Iterable[str], keys: Keys = exact_keys
+) -> tuple[Subset, ...]:
+    """The scored STS pairs that no stage trained on and no evaluation reads, one subset per source task.
+
+    The rule, on the validate stage's pairs table (``data/processed/pairs.parquet``: columns task, split,
+    sentence1, sentence2, score): a candidate is a row of split ``train`` of a task in ``UNSEEN_SOURCES``
+    (STS-B train, SICK-R train) with a score. It is kept when **neither** of its two sentences has the key
+    (``keys``) of any *excluded* sentence. Excluded: every sentence of every row whose split is not ``train``
+    (the seven test sets, STS-B dev, SICK-R trial: what the benchmark, selection and the gate read) and every
+    sentence in ``training_texts`` (the union of every training stage's seen text). A pair repeated in the
+    table is kept as often as it occurs, as the benchmark keeps repeated test pairs."""
+    evaluated = pairs[pairs.split != "train"]
+    excluded = seen_keys(
+        [*evaluated.sentence1, *evaluated.sentence2, *training_texts],
+        keys,
+    )
+    candidates = pairs[pairs.task.isin(UNSEEN_SOURCES) & (pairs.split == "train") & pairs.score.notna()]
+    subsets = []
+    for task in UNSEEN_SOURCES:
+        frame = candidates[candidates.task == task]
+        first = np.array([k not in excluded for k in keys(list(frame.sentence1))], dtype=bool)
+        second = np.array([k not in excluded for k in keys(list(frame.sentence2))], dtype=bool)
+        kept = frame[first & second] if len(frame) else frame
+        subsets.append(
+            Subset(
+                task,
+                "train",
+                tuple(kept.sentence1),
+                tuple(kept.sentence2),
+                kept.score.to_numpy(dtype=np.float64),
+            )
+        )
+    return tuple(subsets)
+
+
+def unseen_sts_scores(subsets: Sequence[Subset], cosines: Sequence[np.ndarray]) -> dict[str, Any]:
+    """``{"pairs", "spearman", "sources": {"<task> train": {pairs, spearman}}}``: Spearman x 100 per source
+    (gold scales differ: STS-B 0-5, SICK 1-5, so sources are not concatenated), ``spearman`` their mean weighted
+    by pairs over the sources with at least ``MIN_PAIRS`` pairs (None if none has): on the pipeline's data one
+    source holds some 700 pairs and the other a few dozen, whose Spearman must not weigh as much."""
+    sources = {
+        f"{s.task} {s.name}": _score(np.asarray(sim, dtype=np.float64), s.gold)
+        for s, sim in zip(subsets, cosines, strict=True)
+    }
+    scored = [(row["spearman"], row["pairs"]) for row in sources.values() if row["spearman"] is not None]
+    weight = sum(n for _, n in scored)
+    return {
+        "pairs": sum(row["pairs"] for row in sources.values()),
+        "spearman": sum(v * n for v, n in scored) / weight if scored else None,
+        "sources": sources,
+    }
+
+
+def _cell(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def split_markdown(results: dict[str, dict[str, Any]]) -> str:
+    """The split tables of sts.md: per checkpoint, the average over tasks per split (pairs), and the unseen-STS
+    set; then per task the splits' Spearman (pairs)."""
+    rows = {name: row for name, row in results.items() if row.get("seen_split")}
+    if not rows:
+        return ""
+    lines = [
+        "| Checkpoint | Seen avg. (pairs) | Unseen avg. (pairs) | Mixed avg. (pairs) | Unseen STS (pairs) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, row in rows.items():
+        avg = row["seen_split"]["avg"]
+        cells = [f"{_cell(avg[s]['spearman'])} ({avg[s]['pairs']})" for s in SPLITS]
+        unseen = row.get(UNSEEN_STS) or {}
+        cells.append(f"{_cell(unseen.get('spearman'))} ({unseen.get('pairs', 0)})")
+        lines.append("| " + " | ".join([name, *cells]) + " |")
+    tasks = list(next(iter(rows.values()))["seen_split"]["tasks"])
+    lines += ["", "| Checkpoint | Split | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]
+    for name, row in rows.items():
+        for split in SPLITS:
+            table = row["seen_split"]["tasks"]
+            cells = [f"{_cell(table[t][split]['spearman'])} ({table[t][split]['pairs']})" for t in tasks]
+            lines.append("| " + " | ".join([name, split, *cells]) + " |")
+    return "\n".join(lines) + "\n"
