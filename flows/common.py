@@ -190,7 +190,7 @@ def transient_error(error: BaseException) -> bool:
     """A failure in the flow's own process worth retrying: the tracking server or artifact store did not
     answer, a lock or lease timed out. Decided by type (and MLflow's error code), never by message text."""
     from sentcl_mlflow.errors import unreachable
-    from sentcl_mlflow.registry import PromotionLockTimeout
+    from sentcl_mlflow.registry.lease import PromotionLockTimeout
     from sentcl_mlflow.store import TrackingUnavailableError
 
     if isinstance(error, TrackingUnavailableError | PromotionLockTimeout | ConnectionError | TimeoutError):
@@ -232,7 +232,7 @@ def promotion_slot() -> Iterator[None]:
     registry inside it, which is what serialises promotions for anyone reaching the store, flow or not."""
     from prefect.concurrency.sync import concurrency
 
-    from sentcl_mlflow.registry import LOCK_WAIT_S
+    from sentcl_mlflow.registry.lease import LOCK_WAIT_S
 
     ensure_promotion_limit()
     with concurrency(PROMOTION_LIMIT, occupy=1, strict=True, timeout_seconds=LOCK_WAIT_S):
@@ -312,7 +312,9 @@ def cli_errors(name: str) -> Iterator[None]:
 
     from sentcl.registry.rules import RegistryConfigError
     from sentcl_mlflow.errors import one_line
-    from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
+    from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
+    from sentcl_mlflow.registry.lease import PromotionLockTimeout
+    from sentcl_mlflow.registry.names import NoChampionError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     _quiet_prefect_outages()

@@ -127,10 +127,11 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     Retried (twice) when MLflow or its artifact store has a hiccup (flows.common.transient_error: the server
     unreachable, a connection reset, MLflow's TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch
     or a missing model is not retried."""
-    from sentcl_mlflow import registry
+    from sentcl_mlflow.registry.download import champion_scores, download_model
+    from sentcl_mlflow.registry.names import gate_config
 
     shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
-    champion = registry.champion_scores()
+    champion = champion_scores()
     if champion is None:
         from sentcl.model.encoder import resolve_model_path
 
@@ -139,9 +140,7 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
         return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
     version, row = champion
-    folder = registry.download_model(
-        f"models:/{registry.gate_config().model_name}/{version}", work / "champion-download"
-    )
+    folder = download_model(f"models:/{gate_config().model_name}/{version}", work / "champion-download")
     print(f"retrain: starting from champion version {version} (stsb_dev {row['stsb_dev']})")
     return {"version": str(version), "folder": str(folder), "sts_row": row}
 

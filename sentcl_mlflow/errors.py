@@ -47,7 +47,7 @@ def network_cause(error: BaseException | None) -> BaseException | None:
     ``from``): so the chain is followed, ``__context__`` only out of an MlflowException."""
     from mlflow.exceptions import MlflowException
 
-    from sentcl_mlflow.registry import PromotionLockTimeout
+    from sentcl_mlflow.registry.lease import PromotionLockTimeout
 
     network = _network_types()
     # A socket's own errors count only behind an HTTP client's: a bare TimeoutError is also what a busy
@@ -91,7 +91,7 @@ def one_line(name: str, error: BaseException) -> tuple[int, str] | None:
     """(exit code, the line to print) for a failure of MLflow or of the promotion lease; None for others."""
     from mlflow.exceptions import MlflowException
 
-    from sentcl_mlflow.registry import PromotionLockTimeout
+    from sentcl_mlflow.registry.lease import PromotionLockTimeout
 
     if isinstance(error, TrackingUnavailableError):
         return EXIT_TRANSIENT, f"{name}: {error} (exit {EXIT_TRANSIENT}: try again)"

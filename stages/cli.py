@@ -17,7 +17,9 @@ def run_cli(name: str, main_fn: Callable[[], int]) -> int:
     """``main_fn()``; a tracking server or lock that did not answer exits EXIT_TRANSIENT (a flow retries),
     input a person must fix exits EXIT_BAD_INPUT, each with one line on stderr."""
     from sentcl.registry.rules import RegistryConfigError
-    from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
+    from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
+    from sentcl_mlflow.registry.lease import PromotionLockTimeout
+    from sentcl_mlflow.registry.names import NoChampionError
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:

@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
 
     from sentcl.data.domain import DomainTextError, read_scored_pairs
-    from sentcl_mlflow import registry, store
+    from sentcl_mlflow import store
+    from sentcl_mlflow.registry import names as registry
     from sentcl_mlflow.release import log_and_register, registry_summary
 
     params = load_params()

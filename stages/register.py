@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     offline_hub()
     from sentcl_mlflow import store
-    from sentcl_mlflow.registry import target_model_name
+    from sentcl_mlflow.registry.names import target_model_name
     from sentcl_mlflow.release import log_and_register, registry_summary
 
     params = load_params()

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sentcl_mlflow import registry, store
+from sentcl_mlflow import store
+from sentcl_mlflow.registry.gate import register_candidate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +95,7 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
     (scratch_store / "m" / "w.bin").write_bytes(b"w")
     mlc.log_artifacts(run_id, str(scratch_store / "m"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    registry.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
+    register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
     result = promote_flow(actor="ci", model="flow-test")
     assert result["promoted"] and result["champion_after"] == "1"
     with get_client(sync_client=True) as client:

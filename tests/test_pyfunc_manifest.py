@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from sentcl_mlflow import pyfunc_checks, registry, runs, store
+from sentcl_mlflow import pyfunc_checks, runs, store
+from sentcl_mlflow.pyfunc_checks import ModelTamperedError
+from sentcl_mlflow.registry.gate import register_candidate
 from tests.test_registry import TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,7 +48,7 @@ def registered(tiny_model):
         pip_requirements=["mlflow"],
     )
     digests = weight_file_digests(tiny_model)
-    version = registry.register_candidate(
+    version = register_candidate(
         model_uri,
         80.0,
         TABLE,
@@ -88,7 +90,7 @@ def test_a_changed_weight_file_in_a_downloaded_copy_is_refused_by_load_model(reg
         f"{registered['uri']}: {ENCODER}/model.safetensors changed since registration "
         "(manifest sha256 mismatch); refusing to load it"
     )
-    assert registry.ModelTamperedError is pyfunc_checks.ModelTamperedError  # one error, whoever checks
+    assert ModelTamperedError is pyfunc_checks.ModelTamperedError  # one error, whoever checks
 
 
 def test_a_file_changed_in_the_store_is_refused_by_a_direct_load(registered):
