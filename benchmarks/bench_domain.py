@@ -302,8 +302,9 @@ def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
         return params["model"]["name"]
     if choice != "champion":
         return choice
+    from sentcl_mlflow.errors import NoChampionError
     from sentcl_mlflow.registry.download import download_alias
-    from sentcl_mlflow.registry.names import CHAMPION, NoChampionError
+    from sentcl_mlflow.registry.names import CHAMPION
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:

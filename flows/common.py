@@ -16,7 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from stages.common import EXIT_TRANSIENT, ROOT, load_params
+from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
+from stages.common import ROOT, load_params
 
 PROMOTION_LIMIT = "sentcl-promotion"
 PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
@@ -189,11 +190,9 @@ TRANSIENT_MLFLOW_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_
 def transient_error(error: BaseException) -> bool:
     """A failure in the flow's own process worth retrying: the tracking server or artifact store did not
     answer, a lock or lease timed out. Decided by type (and MLflow's error code), never by message text."""
-    from sentcl_mlflow.errors import unreachable
-    from sentcl_mlflow.registry.lease import PromotionLockTimeout
-    from sentcl_mlflow.store import TrackingUnavailableError
+    from sentcl_mlflow.errors import TRANSIENT, unreachable
 
-    if isinstance(error, TrackingUnavailableError | PromotionLockTimeout | ConnectionError | TimeoutError):
+    if isinstance(error, TRANSIENT + (ConnectionError, TimeoutError)):
         return True
     if unreachable(error):  # MLflow's MlflowException around a refused or timed-out connection
         return True
@@ -308,14 +307,7 @@ def cli_errors(name: str) -> Iterator[None]:
     """One line instead of a traceback: exit 2 for what a person must act on (no champion, bad credentials,
     a refused account), 75 when trying again may work (MLflow or Prefect died or hung, the lease stayed
     busy)."""
-    from mlflow.exceptions import MlflowException
-
-    from sentcl.registry.rules import RegistryConfigError
-    from sentcl_mlflow.errors import one_line
-    from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
-    from sentcl_mlflow.registry.lease import PromotionLockTimeout
-    from sentcl_mlflow.registry.names import NoChampionError
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+    from sentcl_mlflow.errors import one_line, typed_exit
 
     _quiet_prefect_outages()
     try:
@@ -323,21 +315,12 @@ def cli_errors(name: str) -> Iterator[None]:
     except PrefectUnavailable as e:
         print(f"{name}: {e} (exit {EXIT_TRANSIENT}: try again)", file=sys.stderr)
         raise SystemExit(EXIT_TRANSIENT) from None
-    except (TrackingUnavailableError, PromotionLockTimeout) as e:
-        raise SystemExit(_say(one_line(name, e))) from None  # try again later: 75, as the stages
-    except (
-        ServiceUnavailable,
-        TrackingAuthError,
-        NoChampionError,
-        WeightsMismatchError,
-        RegistryConfigError,
-    ) as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     except Exception as e:
-        if isinstance(e, MlflowException) and e.error_code == "RESOURCE_DOES_NOT_EXIST":
-            print(f"{name}: {e.message}", file=sys.stderr)  # "--version 12": say it, no traceback
-            raise SystemExit(2) from None
+        # The table (sentcl_mlflow.errors) by type: 75 as the stages, 2 for what a person must act on, and a
+        # "--version 12" that is not there (RESOURCE_DOES_NOT_EXIST): said, no traceback.
+        known = typed_exit(name, e, (ServiceUnavailable,), missing_is_bad_input=True)
+        if known is not None:
+            raise SystemExit(_say(known)) from None
         lost = prefect_unreachable(e)  # the Prefect server died or hung mid-run: before MLflow's check,
         if lost is not None:  # whose socket errors deep in httpx's chain would name the wrong server
             _drop_unsent_prefect_logs()

@@ -24,10 +24,11 @@ from typing import Any
 from prefect import flow
 
 from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
-from sentcl_mlflow.errors import EXIT_TRANSIENT  # EX_TEMPFAIL, as stages.common: try again later
+from sentcl_mlflow.errors import PromotionLockTimeout
+from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.registry.gate import promote, rollback
-from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost, PromotionLockTimeout
+from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
 
 TIMEOUT_S = flow_config().stage_timeout_s or None
 

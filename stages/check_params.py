@@ -25,8 +25,9 @@ from sentcl.model.teacher import TeacherConfig
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
 from sentcl.training.data import INIT_NAMES
+from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.store import TrackingConfig
-from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
+from stages.common import METRICS, load_params, params_label, relabel
 from stages.training import stage_config
 from stages.transfer import transfer_config
 

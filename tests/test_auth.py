@@ -21,6 +21,7 @@ import pytest
 
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import auth, store
+from sentcl_mlflow.errors import PromotionLockTimeout
 from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, ModelTamperedError
 from sentcl_mlflow.registry.download import download_verified
 from sentcl_mlflow.registry.gate import register_and_gate, register_candidate
@@ -29,7 +30,6 @@ from sentcl_mlflow.registry.lease import (
     LEASE_SUFFIX,
     PromotionLeaseDenied,
     PromotionLeaseLost,
-    PromotionLockTimeout,
     promotion_lock,
 )
 from sentcl_mlflow.registry.names import production_experiment, run_experiment

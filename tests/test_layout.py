@@ -50,9 +50,7 @@ def imports(path: Path, name: str, known: dict[str, Path]) -> set[str]:
             if node.level:
                 anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 base = f"{anchor}.{base}" if base else anchor
-            targets = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known] or [
-                base
-            ]
+            targets = [f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known] or [base]
         else:
             continue
         for target in targets:
@@ -111,9 +109,5 @@ def test_no_import_circle():
 
 
 def test_no_module_over_500_lines():
-    long = {
-        str(p.relative_to(ROOT)): n
-        for p in modules().values()
-        if (n := len(p.read_text().splitlines())) > MAX_LINES
-    }
+    long = {str(p.relative_to(ROOT)): n for p in modules().values() if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}

@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from sentcl.registry.rules import weight_file_digests, weights_fingerprint
-from sentcl_mlflow import errors, store
+from sentcl_mlflow import errors, exit_codes, store
+from sentcl_mlflow.errors import PromotionLockTimeout
 from sentcl_mlflow.registry.gate import register_candidate
-from sentcl_mlflow.registry.lease import LEASE_SUFFIX, TAG_RUN_LEASE, PromotionLockTimeout
+from sentcl_mlflow.registry.lease import LEASE_SUFFIX, TAG_RUN_LEASE
 from tests.test_registry import TABLE, free_port
 from tests.tiny import make_tiny_encoder
 
@@ -240,7 +241,7 @@ def one_line_75(stage: subprocess.Popen, timeout: float) -> tuple[str, float]:
     seconds = time.monotonic() - started
     # Progress bars (transformers loading the encoder to log it) are the stage's work, not its report.
     lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
-    assert stage.returncode == errors.EXIT_TRANSIENT == 75, (stage.returncode, err[-3000:])
+    assert stage.returncode == exit_codes.EXIT_TRANSIENT == 75, (stage.returncode, err[-3000:])
     assert len(lines) == 1 and "Traceback" not in err, repr(err[-3000:])
     return lines[0], seconds
 

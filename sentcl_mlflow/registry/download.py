@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.registry.rules import sts_row_from_tags, version_weights, weight_file_digests, weights_fingerprint
+from sentcl_mlflow.errors import NoChampionError
 from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, WeightsMismatchError, check_manifest
-from sentcl_mlflow.registry.names import CHAMPION, NoChampionError, _version_or_none, gate_config
+from sentcl_mlflow.registry.names import CHAMPION, _version_or_none, gate_config
 from sentcl_mlflow.store import client
 
 

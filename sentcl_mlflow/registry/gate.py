@@ -8,13 +8,13 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import TAG_ROLLED_BACK, TAG_STATE, GateConfig, gate_decision, promotion_blocked
+from sentcl_mlflow.errors import NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
     READY,
     REGISTERING,
-    NoChampionError,
     _now,
     _version_or_none,
     gate_config,

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 from sentcl_mlflow import runs
-from sentcl_mlflow.errors import describe, unreachable
+from sentcl_mlflow.errors import PromotionLockTimeout, describe, unreachable
 from sentcl_mlflow.registry.names import _error_code
 from sentcl_mlflow.store import (
     TrackingAuthError,
@@ -30,10 +30,6 @@ LEASE_SUFFIX = ".promotion-lease"
 # How long one promotion may hold the lease before another process may break it, and how long a gate waits.
 LEASE_S = float(os.environ.get("SENTCL_PROMOTION_LEASE_S", "900"))
 LOCK_WAIT_S = float(os.environ.get("SENTCL_PROMOTION_WAIT_S", "600"))
-
-
-class PromotionLockTimeout(TimeoutError):
-    """Another promotion held the lease for longer than this gate was willing to wait."""
 
 
 class PromotionLeaseDenied(TrackingAuthError):

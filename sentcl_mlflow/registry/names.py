@@ -18,10 +18,6 @@ CHALLENGER, CHAMPION = "challenger", "champion"
 REGISTERING, READY = "registering", "ready"
 
 
-class NoChampionError(LookupError):
-    """Nothing is registered as champion (yet)."""
-
-
 def gate_config(params: Mapping[str, Any] | None = None) -> GateConfig:
     return GateConfig.from_params(params if params is not None else load_params_file())
 
