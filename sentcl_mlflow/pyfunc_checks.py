@@ -1,7 +1,7 @@
 """What a logged sentcl model checks for itself when it loads: its files, and the sentences it is given.
 
 This file travels inside every logged model (``code/pyfunc_checks.py``, MLflow's ``code_paths``;
-``runs.log_pyfunc_run`` adds it) and ``stages/pyfunc_encoder.py`` imports it, so a direct
+``runs.log_pyfunc_run`` adds it) and ``sentcl_mlflow/pyfunc_encoder.py`` imports it, so a direct
 ``mlflow.pyfunc.load_model("models:/sentcl-encoder@champion")``, with or without this repository, compares
 every file of the model with the manifest the gate recorded at registration (the version's tag
 ``sentcl.manifest``) before the weights load. It imports nothing of this repository (the standard library

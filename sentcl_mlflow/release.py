@@ -9,6 +9,9 @@ from typing import Any
 
 from sentcl.registry.rules import TAG_DEV, TAG_DOMAIN, GateConfig
 
+# The code MLflow serves an exported folder with (logged as "models from code", see that file).
+PYFUNC_MODEL = Path(__file__).with_name("pyfunc_encoder.py")
+
 INPUT_EXAMPLE = ["a sentence", "another one"]
 
 

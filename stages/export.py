@@ -22,11 +22,11 @@ from typing import Any
 
 from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
+from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
 from stages.common import METRICS, MODELS, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
-PYFUNC_MODEL = Path(__file__).with_name("pyfunc_encoder.py")  # the code MLflow serves the folder with
 
 
 def _parse_models(values: list[str]) -> dict[str, Path]:

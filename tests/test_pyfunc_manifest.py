@@ -1,6 +1,6 @@
 """A direct ``mlflow.pyfunc.load_model`` of a registered sentcl model checks its own files.
 
-A tiny encoder is logged the way the export stage logs it (``runs.log_pyfunc_run``: stages/pyfunc_encoder.py
+A tiny encoder is logged the way the export stage logs it (``runs.log_pyfunc_run``: sentcl_mlflow/pyfunc_encoder.py
 with sentcl_mlflow/pyfunc_checks.py in its code/) and registered (the manifest is recorded), in the session's
 scratch sqlite store. Then one file is changed, in a downloaded copy and in the store itself, and the model
 is loaded by MLflow alone, as any caller would: refused, before the changed weights are read.
@@ -20,6 +20,7 @@ import pytest
 from sentcl_mlflow import pyfunc_checks, runs, store
 from sentcl_mlflow.pyfunc_checks import ModelTamperedError
 from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.test_registry import TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,7 +42,7 @@ def registered(tiny_model):
         "export",
         {"model": "tiny"},
         {"stsb_dev": 1.0},
-        model_file=ROOT / "stages" / "pyfunc_encoder.py",
+        model_file=PYFUNC_MODEL,
         artifacts={"encoder": tiny_model},
         input_example=SENTENCES,
         example_output=expected,

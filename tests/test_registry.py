@@ -567,7 +567,7 @@ def test_served_model_refuses_inputs_that_are_not_strings():
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from stages.pyfunc_encoder import _sentences
+    from sentcl_mlflow.pyfunc_encoder import _sentences
 
     assert _sentences(["a", "b"]) == ["a", "b"]
     assert _sentences(pd.DataFrame({"sentence": ["a", "b"]})) == ["a", "b"]
@@ -638,7 +638,7 @@ def test_served_model_answers_400_to_inputs_that_are_not_strings_over_http(tmp_p
     from sentcl_mlflow.serve import build_app
 
     class Lengths(mlflow.pyfunc.PythonModel):
-        _skip_type_hint_validation = True  # as stages/pyfunc_encoder.py
+        _skip_type_hint_validation = True  # as sentcl_mlflow/pyfunc_encoder.py
 
         def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201
             return np.asarray([[float(len(str(s)))] for s in model_input.iloc[:, 0]], dtype=np.float32)
