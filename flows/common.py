@@ -13,9 +13,9 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
 
+from sentcl.params import FlowConfig
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from stages.common import ROOT, load_params
 
@@ -23,41 +23,6 @@ PROMOTION_LIMIT = "sentcl-promotion"
 PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
 # dvc.stage.exceptions.StageCmdFailedError's message, as `dvc repro` prints it on its last line.
 DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
-
-
-@dataclass(frozen=True)
-class FlowConfig:
-    """params.yaml ``flows:``: how long anything may run, and how often a transient failure is retried."""
-
-    stage_timeout_s: float  # one stage subprocess (a `dvc repro <stage>`, a retrain step)
-    flow_timeout_s: float  # a whole flow run
-    retries: int  # of a stage that exited EXIT_TRANSIENT
-    retry_delay_s: float
-
-    @classmethod
-    def from_params(cls, params: dict) -> FlowConfig:
-        raw = params.get("flows")
-        if not isinstance(raw, dict):
-            raise ValueError("params.yaml: section 'flows' is missing or not a mapping")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(names))
-        if unknown:
-            raise ValueError(
-                f"params.yaml: unknown key {unknown[0]!r} in section 'flows' (known: {', '.join(names)})"
-            )
-        missing = [n for n in names if n not in raw]
-        if missing:
-            raise ValueError(f"params.yaml: flows.{missing[0]} is missing")
-        for name in names:
-            value = raw[name]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"params.yaml: flows.{name} must be a number >= 0, got {value!r}")
-        return cls(
-            float(raw["stage_timeout_s"]),
-            float(raw["flow_timeout_s"]),
-            int(raw["retries"]),
-            float(raw["retry_delay_s"]),
-        )
 
 
 def flow_config() -> FlowConfig:

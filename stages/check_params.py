@@ -17,11 +17,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flows.common import FlowConfig
 from sentcl import params_check as rules
 from sentcl.data.domain import retrain_method
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.teacher import TeacherConfig
+from sentcl.params import FlowConfig
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
 from sentcl.training.data import INIT_NAMES
