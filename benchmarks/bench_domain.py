@@ -303,12 +303,14 @@ def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
         return params["model"]["name"]
     if choice != "champion":
         return choice
-    from sentcl_mlflow import registry
+    from sentcl_mlflow.errors import NoChampionError
+    from sentcl_mlflow.registry.download import download_alias
+    from sentcl_mlflow.registry.names import CHAMPION
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:
-        folder = registry.download_alias(registry.CHAMPION, work / "champion")
-    except (registry.NoChampionError, TrackingUnavailableError, TrackingAuthError) as exc:
+        folder = download_alias(CHAMPION, work / "champion")
+    except (NoChampionError, TrackingUnavailableError, TrackingAuthError) as exc:
         fail(f"--from champion: {exc}")
     print(f"bench-domain: from the registered champion ({folder})", flush=True)
     return str(folder)

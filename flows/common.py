@@ -13,50 +13,16 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
 from pathlib import Path
 
-from stages.common import EXIT_TRANSIENT, ROOT, load_params
+from sentcl.params import FlowConfig
+from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
+from stages.common import ROOT, load_params
 
 PROMOTION_LIMIT = "sentcl-promotion"
 PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
 # dvc.stage.exceptions.StageCmdFailedError's message, as `dvc repro` prints it on its last line.
 DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
-
-
-@dataclass(frozen=True)
-class FlowConfig:
-    """params.yaml ``flows:``: how long anything may run, and how often a transient failure is retried."""
-
-    stage_timeout_s: float  # one stage subprocess (a `dvc repro <stage>`, a retrain step)
-    flow_timeout_s: float  # a whole flow run
-    retries: int  # of a stage that exited EXIT_TRANSIENT
-    retry_delay_s: float
-
-    @classmethod
-    def from_params(cls, params: dict) -> FlowConfig:
-        raw = params.get("flows")
-        if not isinstance(raw, dict):
-            raise ValueError("params.yaml: section 'flows' is missing or not a mapping")
-        names = [f.name for f in fields(cls)]
-        unknown = sorted(set(raw) - set(names))
-        if unknown:
-            raise ValueError(
-                f"params.yaml: unknown key {unknown[0]!r} in section 'flows' (known: {', '.join(names)})"
-            )
-        missing = [n for n in names if n not in raw]
-        if missing:
-            raise ValueError(f"params.yaml: flows.{missing[0]} is missing")
-        for name in names:
-            value = raw[name]
-            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-                raise ValueError(f"params.yaml: flows.{name} must be a number >= 0, got {value!r}")
-        return cls(
-            float(raw["stage_timeout_s"]),
-            float(raw["flow_timeout_s"]),
-            int(raw["retries"]),
-            float(raw["retry_delay_s"]),
-        )
 
 
 def flow_config() -> FlowConfig:
@@ -189,11 +155,9 @@ TRANSIENT_MLFLOW_CODES = {"TEMPORARILY_UNAVAILABLE", "INTERNAL_ERROR", "REQUEST_
 def transient_error(error: BaseException) -> bool:
     """A failure in the flow's own process worth retrying: the tracking server or artifact store did not
     answer, a lock or lease timed out. Decided by type (and MLflow's error code), never by message text."""
-    from sentcl_mlflow.errors import unreachable
-    from sentcl_mlflow.registry import PromotionLockTimeout
-    from sentcl_mlflow.store import TrackingUnavailableError
+    from sentcl_mlflow.errors import TRANSIENT, unreachable
 
-    if isinstance(error, TrackingUnavailableError | PromotionLockTimeout | ConnectionError | TimeoutError):
+    if isinstance(error, TRANSIENT + (ConnectionError, TimeoutError)):
         return True
     if unreachable(error):  # MLflow's MlflowException around a refused or timed-out connection
         return True
@@ -232,7 +196,7 @@ def promotion_slot() -> Iterator[None]:
     registry inside it, which is what serialises promotions for anyone reaching the store, flow or not."""
     from prefect.concurrency.sync import concurrency
 
-    from sentcl_mlflow.registry import LOCK_WAIT_S
+    from sentcl_mlflow.registry.lease import LOCK_WAIT_S
 
     ensure_promotion_limit()
     with concurrency(PROMOTION_LIMIT, occupy=1, strict=True, timeout_seconds=LOCK_WAIT_S):
@@ -308,12 +272,7 @@ def cli_errors(name: str) -> Iterator[None]:
     """One line instead of a traceback: exit 2 for what a person must act on (no champion, bad credentials,
     a refused account), 75 when trying again may work (MLflow or Prefect died or hung, the lease stayed
     busy)."""
-    from mlflow.exceptions import MlflowException
-
-    from sentcl.params import ParamsError
-    from sentcl_mlflow.errors import one_line
-    from sentcl_mlflow.registry import NoChampionError, PromotionLockTimeout, WeightsMismatchError
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+    from sentcl_mlflow.errors import one_line, typed_exit
 
     _quiet_prefect_outages()
     try:
@@ -321,21 +280,12 @@ def cli_errors(name: str) -> Iterator[None]:
     except PrefectUnavailable as e:
         print(f"{name}: {e} (exit {EXIT_TRANSIENT}: try again)", file=sys.stderr)
         raise SystemExit(EXIT_TRANSIENT) from None
-    except (TrackingUnavailableError, PromotionLockTimeout) as e:
-        raise SystemExit(_say(one_line(name, e))) from None  # try again later: 75, as the stages
-    except (
-        ServiceUnavailable,
-        TrackingAuthError,
-        NoChampionError,
-        WeightsMismatchError,
-        ParamsError,
-    ) as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
     except Exception as e:
-        if isinstance(e, MlflowException) and e.error_code == "RESOURCE_DOES_NOT_EXIST":
-            print(f"{name}: {e.message}", file=sys.stderr)  # "--version 12": say it, no traceback
-            raise SystemExit(2) from None
+        # The table (sentcl_mlflow.errors) by type: 75 as the stages, 2 for what a person must act on, and a
+        # "--version 12" that is not there (RESOURCE_DOES_NOT_EXIST): said, no traceback.
+        known = typed_exit(name, e, (ServiceUnavailable,), missing_is_bad_input=True)
+        if known is not None:
+            raise SystemExit(_say(known)) from None
         lost = prefect_unreachable(e)  # the Prefect server died or hung mid-run: before MLflow's check,
         if lost is not None:  # whose socket errors deep in httpx's chain would name the wrong server
             _drop_unsent_prefect_logs()

@@ -7,7 +7,7 @@
 
 With ``PREFECT_API_URL`` set (a Prefect server, as under `make serve`) the gate runs as a flow that holds the
 server-wide promotion slot; without it, it runs directly. Either way the gate takes the promotion lease in
-the registry (sentcl_mlflow.registry.promotion_lock), which serialises it against every other machine, and
+the registry (sentcl_mlflow.registry.lease.promotion_lock), which serialises it against every other machine, and
 re-reads the champion after taking it. Exit 0 when the gate ran (promoted or not); 2 with one line when it
 could not (no such version, credentials refused, an account other than the gate's); 75 with one line when
 trying again later may work (the lease is busy or was lost, the tracking server did not answer).
@@ -24,8 +24,11 @@ from typing import Any
 from prefect import flow
 
 from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
-from sentcl_mlflow import registry
-from sentcl_mlflow.errors import EXIT_TRANSIENT  # EX_TEMPFAIL, as stages.common: try again later
+from sentcl_mlflow.errors import PromotionLockTimeout
+from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
+from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
+from sentcl_mlflow.registry.gate import promote, rollback
+from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
 
 TIMEOUT_S = flow_config().stage_timeout_s or None
 
@@ -42,7 +45,7 @@ def _expected(error: BaseException) -> bool:
 
     if prefect_unreachable(error) is not None:  # the Prefect server died mid-run: one line, exit 75
         return True
-    return isinstance(error, LookupError | registry.WeightsMismatchError) or (
+    return isinstance(error, LookupError | WeightsMismatchError) or (
         isinstance(error, Exception) and one_line("promote", error) is not None
     )
 
@@ -64,7 +67,7 @@ def promote_flow(
     version: str | None = None, actor: str | None = None, model: str | None = None, force: bool = False
 ) -> dict[str, Any]:
     with promotion_slot():
-        return registry.promote(model, version=version, actor=actor, force=force)
+        return promote(model, version=version, actor=actor, force=force)
 
 
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -81,13 +84,13 @@ def promote_deployed(version: str | None = None, model: str | None = None) -> di
     credentials in the caller's own environment (``python -m flows.promote ... --force --by NAME``), so the
     Prefect auth string alone cannot force a promotion."""
     with promotion_slot():
-        return registry.promote(model, version=version, actor="deployment promote-local")
+        return promote(model, version=version, actor="deployment promote-local")
 
 
 @flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
 def rollback_flow(reason: str, actor: str | None = None, model: str | None = None) -> dict[str, Any]:
     with promotion_slot():
-        return registry.rollback(model, actor=actor, reason=reason)
+        return rollback(model, actor=actor, reason=reason)
 
 
 @flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -133,19 +136,19 @@ def main(argv: list[str] | None = None) -> int:
             if orchestrated:
                 _run_flow(_rollback_cli_flow(args.reason, args.by, args.model, return_state=True))
             else:
-                registry.rollback(args.model, actor=args.by, reason=args.reason)
+                rollback(args.model, actor=args.by, reason=args.reason)
         elif orchestrated:
             _run_flow(_promote_cli_flow(args.version, args.by, args.model, args.force, return_state=True))
         else:
-            registry.promote(args.model, version=args.version, actor=args.by, force=args.force)
+            promote(args.model, version=args.version, actor=args.by, force=args.force)
 
     with cli_errors("promote"):
         try:
             run()
-        except (LookupError, registry.PromotionLeaseDenied) as e:
+        except (LookupError, PromotionLeaseDenied) as e:
             print(f"promote: {e}", file=sys.stderr)
             return 2
-        except (registry.PromotionLockTimeout, registry.PromotionLeaseLost) as e:
+        except (PromotionLockTimeout, PromotionLeaseLost) as e:
             print(f"promote: {e}", file=sys.stderr)
             return EXIT_TRANSIENT
         except MlflowException as e:

@@ -56,8 +56,10 @@ from sentcl.data.domain import (
     RETRAIN_METHODS,
     DomainTextError,
     archive,
-    in_inbox,
-    new_inbox_files,
+    check_inside_inbox,
+    check_retrain_input,
+    chosen_method,
+    new_files,
     read_domain_text,
     read_scored_pairs,
     retrain_method,
@@ -72,35 +74,10 @@ from stages.common import PROCESSED, RAW, ROOT, load_params
 RUNS = ROOT / "runs" / "retrain"
 PY = sys.executable
 SETTINGS = flow_config()
-# Runs started by an event or a schedule read domain text only from here (the watcher's folder).
-TRIGGERED = ("event", "schedule")
 
 
 def inbox() -> Path:
     return Path(os.environ.get("SENTCL_INBOX") or ROOT / "inbox").resolve()
-
-
-def check_inside_inbox(domain_text: str, trigger: str) -> None:
-    """An event or schedule names a path; only paths inside the configured inbox are accepted (an event
-    payload is data from whoever can emit events, not a licence to read any file the worker can)."""
-    if trigger not in TRIGGERED:
-        return
-    box, path = inbox(), Path(domain_text).resolve()
-    if path != box and box not in path.parents:
-        raise DomainTextError(
-            f"{domain_text}: outside the inbox {box} (SENTCL_INBOX); a {trigger}-triggered retrain reads only there"
-        )
-
-
-def new_files(domain_text: str, trigger: str = "manual") -> list[Path] | None:
-    """The inbox's files under ``domain_text`` that no run has archived yet; None when ``domain_text`` is not
-    in the inbox (a person's own file or folder: read as it is, never moved). An event or schedule naming
-    something already archived has nothing new; a person may name an archived folder to train on it again."""
-    box = inbox()
-    path = Path(domain_text).resolve()
-    if in_inbox(path, box) or (trigger in TRIGGERED and (path == box or box in path.parents)):
-        return new_inbox_files(path, box)
-    return None
 
 
 def work_folder(sha: str) -> Path:
@@ -127,10 +104,11 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     Retried (twice) when MLflow or its artifact store has a hiccup (flows.common.transient_error: the server
     unreachable, a connection reset, MLflow's TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch
     or a missing model is not retried."""
-    from sentcl_mlflow import registry
+    from sentcl_mlflow.registry.download import champion_scores, download_model
+    from sentcl_mlflow.registry.names import gate_config
 
     shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
-    champion = registry.champion_scores()
+    champion = champion_scores()
     if champion is None:
         from sentcl.model.encoder import resolve_model_path
 
@@ -139,9 +117,7 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
         return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
     version, row = champion
-    folder = registry.download_model(
-        f"models:/{registry.gate_config().model_name}/{version}", work / "champion-download"
-    )
+    folder = download_model(f"models:/{gate_config().model_name}/{version}", work / "champion-download")
     print(f"retrain: starting from champion version {version} (stsb_dev {row['stsb_dev']})")
     return {"version": str(version), "folder": str(folder), "sts_row": row}
 
@@ -296,17 +272,15 @@ def retrain(
     domain_dev, params, processed, raw = (
         str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed, raw)
     )
-    check_inside_inbox(domain_text, trigger)
-    files = new_files(domain_text, trigger)
+    check_inside_inbox(domain_text, trigger, inbox())
+    files = new_files(domain_text, inbox(), trigger)
     if files is not None and not files:
         print(
             f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
         )
         return {"status": "nothing new", "registered_version": None, "archived": []}
     settings = load_params(Path(params) if params else None)
-    method = method or retrain_method(settings)
-    if method not in RETRAIN_METHODS:
-        raise ParamsError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
+    method = chosen_method(settings, method)
     teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
     checked = check_text(domain_text, files)
     if domain_dev:
@@ -477,15 +451,11 @@ def main(argv: list[str] | None = None) -> int:
     # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
         retrain_method(load_params())
-        files = new_files(args.domain_text)
+        files = new_files(args.domain_text, inbox())
         if files is not None and not files:
             print(f"retrain: nothing new in {args.domain_text}; nothing registered")
             return 0
-        read_domain_text(args.domain_text, files=files, warn=ignore)  # the flow warns, once
-        if args.domain_dev:
-            if not Path(args.domain_dev).is_file():
-                raise DomainTextError(f"--domain-dev {args.domain_dev}: no such file")
-            read_scored_pairs(args.domain_dev)
+        check_retrain_input(args.domain_text, args.domain_dev, files)  # the flow warns, once
     except (DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,9 @@
 PyYAML follows YAML 1.1, where a float needs a dot: ``1e-05`` is the *string* "1e-05". DVC (ruamel, YAML 1.2)
 writes exactly that for ``dvc exp run -S transfer.lr=1e-5``, so with ``yaml.safe_load`` an experiment's learning
 rate would arrive as text. This loader is PyYAML's safe loader with YAML 1.2's float rule added.
+
+``FlowConfig`` is the ``flows:`` section: read here, below both the flows that use it and the stage
+``check_params`` that checks it (stages never import flows).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import IO, Any
 
 import yaml
@@ -99,3 +103,24 @@ def one_of(value: Any, key: str, choices: Sequence[Any]) -> Any:
     if value not in choices:
         raise ParamsError(f"{FILE}: {key} {value!r} is not one of {', '.join(map(str, choices))}")
     return value
+
+
+@dataclass(frozen=True)
+class FlowConfig:
+    """params.yaml ``flows:``: how long anything may run, and how often a transient failure is retried."""
+
+    stage_timeout_s: float  # one stage subprocess (a `dvc repro <stage>`, a retrain step)
+    flow_timeout_s: float  # a whole flow run
+    retries: int  # of a stage that exited EXIT_TRANSIENT
+    retry_delay_s: float
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> FlowConfig:
+        raw = read_section(params, "flows", [f.name for f in fields(cls)])
+        values = {name: real_number(value, f"flows.{name}", minimum=0) for name, value in raw.items()}
+        return cls(
+            values["stage_timeout_s"],
+            values["flow_timeout_s"],
+            int(values["retries"]),
+            values["retry_delay_s"],
+        )

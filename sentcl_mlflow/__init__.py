@@ -2,7 +2,8 @@
 
 - ``sentcl_mlflow.store``: where runs go (``tracking_uri``), the client (credentials, bounded waits);
 - ``sentcl_mlflow.runs``: what a stage run records (``log_stage``, ``preflight``, ``log_pyfunc_run``);
-- ``sentcl_mlflow.registry``: register-then-gate, promotion lease, rollback, checked downloads.
+- ``sentcl_mlflow.registry``: ``names``, ``lease`` (the promotion lease), ``versions``, ``gate`` (register-then-gate,
+  promote, rollback), ``download`` (checked downloads).
 
 The rules themselves (``GateConfig``, ``gate_decision``, checkpoint choice) are pure: ``sentcl.registry.rules``.
 ``python -m sentcl_mlflow`` prints the tracking URI in use. Import the submodule you need: this file

@@ -6,7 +6,7 @@
 MLflow has no permission per alias, so the production registered model (``registry.model_name``) is
 editable by the gate's account only: everyone else reads it (the server's ``default_permission = READ``)
 and cannot move ``champion``. The promotion lease of each model (``<model>.promotion-lease``, see
-``sentcl_mlflow.registry.promotion_lock``) is a registered model the admin creates here, so only the accounts
+``sentcl_mlflow.registry.lease.promotion_lock``) is a registered model the admin creates here, so only the accounts
 granted on it can take it. ``setup`` is idempotent (run at every ``make serve`` and compose ``up``: what
 exists is kept, a permission that differs is replaced) and reads every secret from the environment:
 
@@ -91,7 +91,7 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     gate_user, gate_password = _required("SENTCL_GATE_USER"), _required("SENTCL_GATE_PASSWORD")
     mlc = client()
     auth = _auth_client()
-    from sentcl_mlflow.registry import LEASE_SUFFIX
+    from sentcl_mlflow.registry.lease import LEASE_SUFFIX
 
     prod_lease = config.model_name + LEASE_SUFFIX
     exp_lease = config.experiment_model_name + LEASE_SUFFIX
@@ -103,7 +103,7 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         except MlflowException as e:
             if str(getattr(e, "error_code", "")) != "RESOURCE_ALREADY_EXISTS":
                 raise
-    from sentcl_mlflow.registry import production_experiment
+    from sentcl_mlflow.registry.names import production_experiment
     from sentcl_mlflow.store import experiment_id
 
     exp_id = experiment_id(mlc)

@@ -1,9 +1,11 @@
-"""What a failed MLflow call means for the command that made it: try again (exit 75) or refused (exit 2).
+"""What a failure means for the command that met it: try again (exit 75) or a person must act (exit 2).
 
-Every stage and flow entry point that talks to MLflow ends through :func:`one_line`: one line on stderr and
-a typed exit code instead of a traceback. The flows retry a stage only on exit 75 (``flows.common``), so a
-tracking server that died or hung mid-stage is retried, and a refusal is not. Decided by the error's type
-(and MLflow's error code), never by its message.
+The one table of error -> exit code for every stage and flow entry point: :data:`TRANSIENT` and
+:data:`BAD_INPUT` by type (:func:`typed_exit`, which ``stages.cli.run_cli`` and ``flows.common.cli_errors``
+use with their own bad-input types), and a failed MLflow call (:func:`one_line`, also ``run_main``'s): one line
+on stderr and a typed exit code instead of a traceback. The flows retry a stage only on exit 75
+(``flows.common``), so a tracking server that died or hung mid-stage is retried, and a refusal is not. Decided
+by the error's type (and MLflow's error code), never by its message.
 """
 
 from __future__ import annotations
@@ -13,11 +15,29 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from sentcl.params import ParamsError
+from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT, EXIT_TRANSIENT
+from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, tracking_uri
 
-EXIT_TRANSIENT = os.EX_TEMPFAIL  # 75, as stages.common.EXIT_TRANSIENT: "try again later"
-EXIT_REFUSED = 2  # as stages.common.EXIT_BAD_INPUT: a person must act (credentials, permissions)
+EXIT_REFUSED = EXIT_BAD_INPUT  # a person must act (credentials, permissions)
 REFUSED_CODES = ("PERMISSION_DENIED", "UNAUTHENTICATED")
+
+
+class NoChampionError(LookupError):
+    """Nothing is registered as champion (yet)."""
+
+
+class PromotionLockTimeout(TimeoutError):
+    """Another promotion held the lease for longer than this gate was willing to wait."""
+
+
+# The table, by type. Exit 75, try again: the tracking server did not answer, the promotion lease stayed busy
+# or was lost (PromotionLeaseLost is a PromotionLockTimeout).
+TRANSIENT = (TrackingUnavailableError, PromotionLockTimeout)
+# Exit 2, the error's message is the line: what a person must fix or ask for (PromotionLeaseDenied is a
+# TrackingAuthError). A caller adds its own (a stage's BadInput, a flow's ServiceUnavailable).
+BAD_INPUT = (ParamsError, TrackingAuthError, NoChampionError, WeightsMismatchError)
 
 
 def _network_types() -> tuple[type[BaseException], ...]:
@@ -46,8 +66,6 @@ def network_cause(error: BaseException | None) -> BaseException | None:
     the requests error only as ``__cause__`` (timeouts) or ``__context__`` (everything else, raised without
     ``from``): so the chain is followed, ``__context__`` only out of an MlflowException."""
     from mlflow.exceptions import MlflowException
-
-    from sentcl_mlflow.registry import PromotionLockTimeout
 
     network = _network_types()
     # A socket's own errors count only behind an HTTP client's: a bare TimeoutError is also what a busy
@@ -91,11 +109,7 @@ def one_line(name: str, error: BaseException) -> tuple[int, str] | None:
     """(exit code, the line to print) for a failure of MLflow or of the promotion lease; None for others."""
     from mlflow.exceptions import MlflowException
 
-    from sentcl_mlflow.registry import PromotionLockTimeout
-
-    if isinstance(error, TrackingUnavailableError):
-        return EXIT_TRANSIENT, f"{name}: {error} (exit {EXIT_TRANSIENT}: try again)"
-    if isinstance(error, PromotionLockTimeout):  # busy or lost: a retry takes a fresh lease
+    if isinstance(error, TRANSIENT):  # a lease busy or lost: a retry takes a fresh one
         return EXIT_TRANSIENT, f"{name}: {error} (exit {EXIT_TRANSIENT}: try again)"
     if unreachable(error):
         return EXIT_TRANSIENT, (
@@ -107,6 +121,28 @@ def one_line(name: str, error: BaseException) -> tuple[int, str] | None:
     if isinstance(error, MlflowException) and str(error.error_code) in REFUSED_CODES:
         who = os.environ.get("MLFLOW_TRACKING_USERNAME") or "no account"
         return EXIT_REFUSED, f"{name}: MLflow refused {who}: {error.message.splitlines()[0]}"
+    return None
+
+
+def typed_exit(
+    name: str,
+    error: BaseException,
+    bad_input: tuple[type[BaseException], ...] = (),
+    transient_note: str = f"exit {EXIT_TRANSIENT}: try again",
+    missing_is_bad_input: bool = False,
+) -> tuple[int, str] | None:
+    """(exit code, line) for an error the table knows by type: :data:`TRANSIENT`, :data:`BAD_INPUT` and the
+    caller's own ``bad_input``; with ``missing_is_bad_input``, MLflow's RESOURCE_DOES_NOT_EXIST (a ``--version``
+    that is not there) too. None for anything else: the caller then asks :func:`one_line`."""
+    if isinstance(error, TRANSIENT):
+        return EXIT_TRANSIENT, f"{name}: {error} ({transient_note})"
+    if isinstance(error, BAD_INPUT + bad_input):
+        return EXIT_BAD_INPUT, f"{name}: {error}"
+    if missing_is_bad_input:
+        from mlflow.exceptions import MlflowException
+
+        if isinstance(error, MlflowException) and error.error_code == "RESOURCE_DOES_NOT_EXIST":
+            return EXIT_BAD_INPUT, f"{name}: {error.message}"
     return None
 
 

@@ -1,11 +1,11 @@
 """What a logged sentcl model checks for itself when it loads: its files, and the sentences it is given.
 
 This file travels inside every logged model (``code/pyfunc_checks.py``, MLflow's ``code_paths``;
-``runs.log_pyfunc_run`` adds it) and ``stages/pyfunc_encoder.py`` imports it, so a direct
+``runs.log_pyfunc_run`` adds it) and ``sentcl_mlflow/pyfunc_encoder.py`` imports it, so a direct
 ``mlflow.pyfunc.load_model("models:/sentcl-encoder@champion")``, with or without this repository, compares
 every file of the model with the manifest the gate recorded at registration (the version's tag
 ``sentcl.manifest``) before the weights load. It imports nothing of this repository (the standard library
-and MLflow only); ``sentcl_mlflow.registry`` uses the same functions for its checked downloads.
+and MLflow only); ``sentcl_mlflow.registry.download`` uses the same functions for its checked downloads.
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def verify_loaded_model(path: str | Path) -> str | None:
 
     ``pyfunc_encoder.py`` and this file have already run by then (Python compiled them into
     ``__pycache__``, left out here): only a check before the import can refuse changed code, which is
-    what ``sentcl_mlflow.registry.download_verified`` and ``python -m sentcl_mlflow.serve`` do."""
+    what ``sentcl_mlflow.registry.download.download_verified`` and ``python -m sentcl_mlflow.serve`` do."""
     root = model_root(path)
     registered = registered_version(root) if root is not None else None
     if registered is None:

@@ -9,6 +9,9 @@ from typing import Any
 
 from sentcl.registry.rules import TAG_DEV, TAG_DOMAIN, GateConfig
 
+# The code MLflow serves an exported folder with (logged as "models from code", see that file).
+PYFUNC_MODEL = Path(__file__).with_name("pyfunc_encoder.py")
+
 INPUT_EXAMPLE = ["a sentence", "another one"]
 
 
@@ -32,7 +35,9 @@ def log_and_register(
     whoever retries.
     """
     from sentcl.model.encoder import load_folder_encoder
-    from sentcl_mlflow import registry, runs
+    from sentcl_mlflow import runs
+    from sentcl_mlflow.registry.gate import register_and_gate
+    from sentcl_mlflow.registry.names import run_experiment
 
     timings: dict[str, float] = {}
 
@@ -52,14 +57,14 @@ def log_and_register(
             pip_requirements=pip_requirements(),
             inputs=inputs,
             tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
-            # production runs go to the gate-only experiment (registry.run_experiment)
-            experiment=registry.run_experiment(info["model_name"], GateConfig.from_params(params)),
+            # production runs go to the gate-only experiment (names.run_experiment)
+            experiment=run_experiment(info["model_name"], GateConfig.from_params(params)),
         )
         timings["seconds_log_model"] = round(time.time() - started, 2)
         return model_uri, run_id
 
     started = time.time()
-    outcome = registry.register_and_gate(
+    outcome = register_and_gate(
         log_model,
         info["stsb_dev"],
         info["sts_all"],

@@ -242,7 +242,7 @@ def _terminate(mlc: MlflowClient, run_id: str, status: str, error: BaseException
     """End a run the block it belongs to broke off. After a connection failure the server gets one short
     try (``store.quick_requests``): a dead one would otherwise cost the whole bounded timeout again, and a
     run left RUNNING by a dead server is ended by the next holder of its promotion lease, if it had one
-    (``registry.fail_orphaned_runs``)."""
+    (``registry.versions.fail_orphaned_runs``)."""
     from sentcl_mlflow.errors import unreachable
 
     try:
@@ -310,7 +310,7 @@ def log_pyfunc_run(
     """One run that logs a "models from code" pyfunc (``model_file``) with a signature inferred from the input
     example and its output; returns (run id, model URI). The run is FAILED if logging the model fails.
     The model carries ``pyfunc_checks.py`` in its ``code/``: the checks it runs on itself when it loads.
-    ``experiment``: where the run goes (default the shared one; ``registry.run_experiment`` names it)."""
+    ``experiment``: where the run goes (default the shared one; ``registry.names.run_experiment`` names it)."""
     import mlflow
     import numpy as np
     from mlflow.entities import Metric, Param

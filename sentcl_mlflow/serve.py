@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line on failure, no bars
-    from sentcl_mlflow import registry
+    from sentcl_mlflow.registry import download as registry
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     model = args.model or f"models:/{registry.gate_config().model_name}@{registry.CHAMPION}"

@@ -39,7 +39,7 @@ CONNECT_TIMEOUT_S = float(os.environ.get("SENTCL_MLFLOW_CONNECT_TIMEOUT_S", "3")
 
 class TrackingUnavailableError(RuntimeError):
     """The tracking server did not answer after bounded retries; nothing was logged or registered.
-    Transient: a stage exits with ``stages.common.EXIT_TRANSIENT`` for it, and a flow may retry."""
+    Transient: a stage exits with ``sentcl_mlflow.exit_codes.EXIT_TRANSIENT`` for it, and a flow may retry."""
 
 
 class TrackingAuthError(RuntimeError):

@@ -17,17 +17,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flows.common import FlowConfig
 from sentcl import params_check as rules
 from sentcl.data.domain import retrain_method
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.teacher import TeacherConfig
+from sentcl.params import FlowConfig
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
 from sentcl.training.agreement import AgreementConfig
 from sentcl.training.data import INIT_NAMES
+from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.store import TrackingConfig
-from stages.common import EXIT_BAD_INPUT, METRICS, load_params, params_label, relabel
+from stages.common import METRICS, load_params, params_label, relabel
 from stages.training import stage_config
 from stages.transfer import transfer_config
 

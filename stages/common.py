@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import yaml
 
 from sentcl.params import load_yaml
+from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
@@ -94,9 +95,3 @@ def missing_model(name: str) -> str | None:
 def offline_hub() -> None:
     """The bundled model needs no hub; keep transformers from asking one unless the user opted in."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-
-# Exit codes every stage and flow uses. A flow retries a stage only on EXIT_TRANSIENT (BSD's EX_TEMPFAIL:
-# "try again later": a tracking server or lock that did not answer); never on a word in the output.
-EXIT_BAD_INPUT = 2
-EXIT_TRANSIENT = 75

@@ -41,7 +41,7 @@ def resolve_model(model: str | None, scratch: Path, registered_name: str) -> tup
     so the version named is the version downloaded even if the alias moves meanwhile."""
     if model and not model.startswith("models:/"):
         return Path(resolve_model_path(model)), model
-    from sentcl_mlflow import registry as tracking
+    from sentcl_mlflow.registry import download as tracking
 
     name, alias, version = registered_name, tracking.CHAMPION, None
     if model:

@@ -22,11 +22,11 @@ from typing import Any
 
 from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
+from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
 from stages.common import METRICS, MODELS, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
-PYFUNC_MODEL = Path(__file__).with_name("pyfunc_encoder.py")  # the code MLflow serves the folder with
 
 
 def _parse_models(values: list[str]) -> dict[str, Path]:
@@ -64,7 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
 
     from sentcl.data.domain import DomainTextError, read_scored_pairs
-    from sentcl_mlflow import registry, store
+    from sentcl_mlflow import store
+    from sentcl_mlflow.registry import names as registry
     from sentcl_mlflow.release import log_and_register, registry_summary
 
     params = load_params()

@@ -18,9 +18,10 @@ import sys
 from pathlib import Path
 
 from sentcl.registry.rules import GateConfig
+from sentcl_mlflow.release import PYFUNC_MODEL
 from stages.cli import BadInput, run_cli
 from stages.common import METRICS, load_params, offline_hub
-from stages.export import OUTPUT, PYFUNC_MODEL
+from stages.export import OUTPUT
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     offline_hub()
     from sentcl_mlflow import store
-    from sentcl_mlflow.registry import target_model_name
+    from sentcl_mlflow.registry.names import target_model_name
     from sentcl_mlflow.release import log_and_register, registry_summary
 
     params = load_params()

@@ -41,10 +41,10 @@ OUTPUT = DATA / "teacher"
 def teacher_folder(model: str, settings: T.TeacherConfig, scratch: Path) -> Path:
     if not model.startswith("models:/"):
         return R.local_teacher(model, settings, ROOT)
-    from sentcl_mlflow import registry
+    from sentcl_mlflow.registry.download import download_model
 
     try:
-        return registry.download_model(model, scratch)
+        return download_model(model, scratch)
     except Exception as exc:  # unknown name or version, weights mismatch
         from sentcl_mlflow.errors import unreachable
 

@@ -20,7 +20,19 @@ from pathlib import Path
 import pytest
 
 from sentcl.registry.rules import GateConfig
-from sentcl_mlflow import auth, registry, store
+from sentcl_mlflow import auth, store
+from sentcl_mlflow.errors import PromotionLockTimeout
+from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, ModelTamperedError
+from sentcl_mlflow.registry.download import download_verified
+from sentcl_mlflow.registry.gate import register_and_gate, register_candidate
+from sentcl_mlflow.registry.lease import (
+    LEASE_SOURCE,
+    LEASE_SUFFIX,
+    PromotionLeaseDenied,
+    PromotionLeaseLost,
+    promotion_lock,
+)
+from sentcl_mlflow.registry.names import production_experiment, run_experiment
 from tests.test_mlflow_outage import make_release
 from tests.test_registry import TABLE, free_port
 
@@ -160,9 +172,7 @@ def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     params = {"registry": {**CONFIG.__dict__}}
-    first = registry.register_and_gate(
-        source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params
-    )
+    first = register_and_gate(source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params)
     assert first["gate"]["promoted"]
 
     as_user(monkeypatch, TEAM)
@@ -200,10 +210,10 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
     (folder / "MLmodel").write_text("flavors: {}\n")
     mlc.log_artifacts(run_id, str(folder), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    version = registry.register_candidate(source, 70.0, TABLE, name=CONFIG.model_name, run_id=run_id)
-    manifest = json.loads(mlc.get_model_version(CONFIG.model_name, version).tags[registry.TAG_MANIFEST])
+    version = register_candidate(source, 70.0, TABLE, name=CONFIG.model_name, run_id=run_id)
+    manifest = json.loads(mlc.get_model_version(CONFIG.model_name, version).tags[TAG_MANIFEST])
     assert set(manifest) == {"encoder/model.safetensors", "pyfunc_encoder.py", "MLmodel"}
-    root = registry.download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "ok")
+    root = download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "ok")
     assert (root / "pyfunc_encoder.py").read_text() == "print('the serving code')\n"
 
     request = urllib.request.Request(
@@ -219,8 +229,8 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
         written = e.code
     if written != 200:  # refused outright is fine too; then change it as the gate to exercise the check
         mlc.log_artifact(run_id, str(_write(tmp_path / "x" / "pyfunc_encoder.py", "changed\n")), "model")
-    with pytest.raises(registry.ModelTamperedError, match="pyfunc_encoder.py changed since registration"):
-        registry.download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "bad")
+    with pytest.raises(ModelTamperedError, match="pyfunc_encoder.py changed since registration"):
+        download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "bad")
     out = subprocess.run(
         [
             sys.executable,
@@ -246,11 +256,11 @@ def test_production_runs_are_written_by_the_gate_only(auth_server, monkeypatch, 
     from mlflow.exceptions import MlflowException
 
     _setup_as_admin(monkeypatch)
-    assert registry.run_experiment(CONFIG.model_name, CONFIG) == registry.production_experiment()
-    assert registry.run_experiment(CONFIG.experiment_model_name, CONFIG) == store.EXPERIMENT
+    assert run_experiment(CONFIG.model_name, CONFIG) == production_experiment()
+    assert run_experiment(CONFIG.experiment_model_name, CONFIG) == store.EXPERIMENT
     as_user(monkeypatch, GATE)
     mlc = store.client()
-    prod_id = store.experiment_id(mlc, registry.production_experiment())
+    prod_id = store.experiment_id(mlc, production_experiment())
     run_id = mlc.create_run(prod_id).info.run_id
     mlc.log_artifact(run_id, str(_write(tmp_path / "model" / "pyfunc_encoder.py", "served\n")), "model")
     url = f"{auth_server}/api/2.0/mlflow-artifacts/artifacts/{prod_id}/{run_id}/artifacts/model/pyfunc_encoder.py"
@@ -311,8 +321,8 @@ def _write(path: Path, text: str) -> Path:
 
 HOLD_LEASE = """
 import sys, time
-from sentcl_mlflow import registry
-with registry.promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
+from sentcl_mlflow.registry.lease import promotion_lock
+with promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
     print("holding", lease.token, flush=True)
     time.sleep(float(sys.argv[3]))
 print("released", flush=True)
@@ -342,7 +352,7 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
     from mlflow.exceptions import MlflowException
 
     _setup_as_admin(monkeypatch)
-    lease_model = CONFIG.model_name + registry.LEASE_SUFFIX
+    lease_model = CONFIG.model_name + LEASE_SUFFIX
     # The issue's attack: a teammate creates the lease model first (here: after the admin removed it), which
     # makes it theirs. The next setup (every make serve / compose up) takes it back: an idle lease model is
     # created again by the admin.
@@ -355,11 +365,11 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
     assert "owner" not in (mlc.get_registered_model(lease_model).tags or {})
     with pytest.raises(MlflowException):  # it exists (the admin made it): nobody else owns it
         mlc.create_registered_model(lease_model)
-    with pytest.raises(registry.PromotionLeaseDenied, match="only the gate's account"):
-        with registry.promotion_lock(CONFIG.model_name, wait_s=1, mlc=mlc):
+    with pytest.raises(PromotionLeaseDenied, match="only the gate's account"):
+        with promotion_lock(CONFIG.model_name, wait_s=1, mlc=mlc):
             pass
     for attempt in (
-        lambda: mlc.create_model_version(lease_model, registry.LEASE_SOURCE),
+        lambda: mlc.create_model_version(lease_model, LEASE_SOURCE),
         lambda: mlc.set_registered_model_tag(lease_model, "owner", "teammate"),
         lambda: mlc.delete_registered_model(lease_model),
         lambda: mlc.rename_registered_model(lease_model, lease_model + ".gone"),
@@ -381,7 +391,7 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
     # Meanwhile the gate takes and releases it at once: nothing was left behind by the attempts.
     # (wait_s=5: a lease version left ahead of it would make this wait, then time out.)
     as_user(monkeypatch, GATE)
-    with registry.promotion_lock(CONFIG.model_name, wait_s=5, mlc=store.client()) as lease:
+    with promotion_lock(CONFIG.model_name, wait_s=5, mlc=store.client()) as lease:
         assert int(lease.token) >= 1
 
 
@@ -395,20 +405,20 @@ def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder
     holder = _hold_lease(CONFIG.model_name, 3.0, 9.0, GATE)
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 10**6)  # the waiter's clock, far ahead
-    with pytest.raises(registry.PromotionLockTimeout, match="held by"):
-        with registry.promotion_lock(CONFIG.model_name, wait_s=5, mlc=mlc):
+    with pytest.raises(PromotionLockTimeout, match="held by"):
+        with promotion_lock(CONFIG.model_name, wait_s=5, mlc=mlc):
             pass
     monkeypatch.setattr(time, "time", real_time)
     holder.kill()
     holder.wait(30)
     # Killed with -9: its lease stops being renewed and is broken once 3 s of server time have passed.
     started = time.monotonic()
-    with registry.promotion_lock(CONFIG.model_name, wait_s=30, mlc=mlc) as lease:
+    with promotion_lock(CONFIG.model_name, wait_s=30, mlc=mlc) as lease:
         waited = time.monotonic() - started
         # Fencing: a holder whose lease was broken (here: its version deleted, as a waiter does to an
         # expired one) is stopped by the check before any alias write.
         mlc.delete_model_version(lease.model, lease.token)
-        with pytest.raises(registry.PromotionLeaseLost):
+        with pytest.raises(PromotionLeaseLost):
             lease.check()
     assert 2.0 < waited < 30, waited
 
@@ -595,10 +605,10 @@ def test_who_promoted_and_rolled_back_is_the_authenticated_account_and_by_is_a_n
     params = {"registry": {**CONFIG.__dict__}}
     versions = []
     for score in (500.0, 600.0):  # above any champion the other tests leave; weights of their own
-        run_id = mlc.create_run(store.experiment_id(mlc, registry.production_experiment())).info.run_id
+        run_id = mlc.create_run(store.experiment_id(mlc, production_experiment())).info.run_id
         mlc.log_artifact(run_id, str(_write(tmp_path / f"w{score}" / "w.bin", str(score))), "model")
         source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-        result = registry.register_and_gate(
+        result = register_and_gate(
             source,
             score,
             {k: v + score for k, v in TABLE.items()},

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sentcl_mlflow import registry, store
+from sentcl_mlflow import store
+from sentcl_mlflow.registry.gate import register_candidate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,7 +95,7 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
     (scratch_store / "m" / "w.bin").write_bytes(b"w")
     mlc.log_artifacts(run_id, str(scratch_store / "m"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    registry.register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
+    register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
     result = promote_flow(actor="ci", model="flow-test")
     assert result["promoted"] and result["champion_after"] == "1"
     with get_client(sync_client=True) as client:
@@ -142,20 +143,19 @@ def test_watcher_ignores_what_a_retrain_archives(tmp_path):
     assert [p.name for p in seen] == ["other.txt"]
 
 
-def test_a_triggered_run_naming_an_archived_file_has_nothing_new(tmp_path, monkeypatch):
-    from flows.retrain import new_files
+def test_a_triggered_run_naming_an_archived_file_has_nothing_new(tmp_path):
+    from sentcl.data.domain import new_files
 
-    box = tmp_path / "inbox"
+    box = (tmp_path / "inbox").resolve()
     (box / "processed" / "2026-11-30").mkdir(parents=True)
     done = box / "processed" / "2026-11-30" / "a.txt"
     done.write_text("one\ntwo\n")
     (box / "b.txt").write_text("three\nfour\n")
     (tmp_path / "mine.txt").write_text("five\nsix\n")
-    monkeypatch.setenv("SENTCL_INBOX", str(box))
-    assert new_files(str(done), "event") == [] and new_files(str(box / "gone.txt"), "event") == []
-    assert new_files(str(box), "schedule") == [(box / "b.txt").resolve()]
-    assert new_files(str(done), "manual") is None  # a person may train on an archived day again, unmoved
-    assert new_files(str(tmp_path / "mine.txt"), "manual") is None
+    assert new_files(str(done), box, "event") == [] and new_files(str(box / "gone.txt"), box, "event") == []
+    assert new_files(str(box), box, "schedule") == [(box / "b.txt").resolve()]
+    assert new_files(str(done), box, "manual") is None  # a person may train on an archived day again, unmoved
+    assert new_files(str(tmp_path / "mine.txt"), box, "manual") is None
 
 
 def test_watcher_event_reaches_the_prefect_server(prefect_server, tmp_path):
@@ -224,20 +224,18 @@ def test_run_stage_classifies_by_exit_code_only(tmp_path):
     assert hung.value.timed_out and not hung.value.transient
 
 
-def test_event_triggered_retrain_reads_only_inside_the_inbox(tmp_path, monkeypatch):
-    from flows.retrain import check_inside_inbox
-    from sentcl.data.domain import DomainTextError
+def test_event_triggered_retrain_reads_only_inside_the_inbox(tmp_path):
+    from sentcl.data.domain import DomainTextError, check_inside_inbox
 
-    box = tmp_path / "inbox"
+    box = (tmp_path / "inbox").resolve()
     box.mkdir()
     (box / "ok.txt").write_text("a\nb\n")
-    monkeypatch.setenv("SENTCL_INBOX", str(box))
-    check_inside_inbox(str(box / "ok.txt"), "event")
-    check_inside_inbox(str(box), "schedule")
+    check_inside_inbox(str(box / "ok.txt"), "event", box)
+    check_inside_inbox(str(box), "schedule", box)
     for outside in ("/etc/passwd", str(box / ".." / "secret.txt"), str(tmp_path)):
         with pytest.raises(DomainTextError, match="outside the inbox"):
-            check_inside_inbox(outside, "event")
-    check_inside_inbox("/etc/hostname", "manual")  # a person at the CLI names what they like
+            check_inside_inbox(outside, "event", box)
+    check_inside_inbox("/etc/hostname", "manual", box)  # a person at the CLI names what they like
 
 
 def test_retrain_flow_refuses_an_event_path_outside_the_inbox(prefect_server, tmp_path, monkeypatch):

@@ -25,13 +25,16 @@ from pathlib import Path
 import pytest
 
 from sentcl.registry.rules import weight_file_digests, weights_fingerprint
-from sentcl_mlflow import errors, registry, store
+from sentcl_mlflow import errors, exit_codes, store
+from sentcl_mlflow.errors import PromotionLockTimeout
+from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.registry.lease import LEASE_SUFFIX, TAG_RUN_LEASE
 from tests.test_registry import TABLE, free_port
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
 NAME = "sentcl-encoder"  # params.yaml registry.model_name: what `stages.register` registers into
-LEASE = NAME + registry.LEASE_SUFFIX
+LEASE = NAME + LEASE_SUFFIX
 PROGRESS = re.compile(r"\|\s*\d+/\d+ \[")  # a tqdm bar: "Loading weights: 100%|####| 39/39 [00:00<...]"
 LEASE_S = 3  # the killed stage's lease, so the next registration breaks it after 3 s of server time
 
@@ -92,7 +95,7 @@ class Server:
                     e["experiment_id"]
                     for e in self.get("experiments/search", max_results="100")["experiments"]
                 ],
-                "filter": f"tags.`{registry.TAG_RUN_LEASE}` = '{LEASE}'",
+                "filter": f"tags.`{TAG_RUN_LEASE}` = '{LEASE}'",
             }
         ).encode()
         request = urllib.request.Request(
@@ -238,7 +241,7 @@ def one_line_75(stage: subprocess.Popen, timeout: float) -> tuple[str, float]:
     seconds = time.monotonic() - started
     # Progress bars (transformers loading the encoder to log it) are the stage's work, not its report.
     lines = [line for line in err.splitlines() if line.strip() and not PROGRESS.search(line)]
-    assert stage.returncode == errors.EXIT_TRANSIENT == 75, (stage.returncode, err[-3000:])
+    assert stage.returncode == exit_codes.EXIT_TRANSIENT == 75, (stage.returncode, err[-3000:])
     assert len(lines) == 1 and "Traceback" not in err, repr(err[-3000:])
     return lines[0], seconds
 
@@ -266,7 +269,7 @@ def test_killed_mlflow_mid_register_is_one_line_exit_75_and_the_next_registratio
     (tmp_path / "w.bin").write_bytes(b"w")
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    registry.register_candidate(source, 70.0, TABLE, name=NAME, run_id=run_id)
+    register_candidate(source, 70.0, TABLE, name=NAME, run_id=run_id)
     for orphan in orphans:
         run = mlc.get_run(orphan)
         assert run.info.status == "FAILED" and "sentcl.failed_by" in run.data.tags
@@ -329,7 +332,7 @@ def test_network_errors_behind_mlflow_exceptions_are_transient_and_others_are_no
         http_request(creds, "/health", "GET", max_retries=0, timeout=2)
     assert errors.unreachable(refused.value) and transient_error(refused.value)
     assert errors.one_line("register", refused.value)[0] == 75
-    busy = registry.PromotionLockTimeout("the lease is held by someone")
+    busy = PromotionLockTimeout("the lease is held by someone")
     assert not errors.unreachable(busy) and errors.one_line("register", busy)[0] == 75
     assert not errors.unreachable(TimeoutError("a Prefect slot"))
     from mlflow.protos.databricks_pb2 import PERMISSION_DENIED

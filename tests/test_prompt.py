@@ -289,7 +289,7 @@ def test_export_onnx_pyfunc_and_embed_serve_a_prompt_folder_with_its_pooling(tin
     from sentcl.model.embedding_io import embed
     from sentcl.model.folder import model_max_length
     from sentcl.registry.release import export_onnx
-    from stages.pyfunc_encoder import SentenceEncoderModel
+    from sentcl_mlflow.pyfunc_encoder import SentenceEncoderModel
 
     folder, _, _ = tiny
     settings = PromptSettings(PAPER_TRAIN_TEMPLATES[0], denoise=True, add_period=True)

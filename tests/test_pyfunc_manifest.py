@@ -1,6 +1,6 @@
 """A direct ``mlflow.pyfunc.load_model`` of a registered sentcl model checks its own files.
 
-A tiny encoder is logged the way the export stage logs it (``runs.log_pyfunc_run``: stages/pyfunc_encoder.py
+A tiny encoder is logged the way the export stage logs it (``runs.log_pyfunc_run``: sentcl_mlflow/pyfunc_encoder.py
 with sentcl_mlflow/pyfunc_checks.py in its code/) and registered (the manifest is recorded), in the session's
 scratch sqlite store. Then one file is changed, in a downloaded copy and in the store itself, and the model
 is loaded by MLflow alone, as any caller would: refused, before the changed weights are read.
@@ -17,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from sentcl_mlflow import pyfunc_checks, registry, runs, store
+from sentcl_mlflow import pyfunc_checks, runs, store
+from sentcl_mlflow.pyfunc_checks import ModelTamperedError
+from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.test_registry import TABLE
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,14 +42,14 @@ def registered(tiny_model):
         "export",
         {"model": "tiny"},
         {"stsb_dev": 1.0},
-        model_file=ROOT / "stages" / "pyfunc_encoder.py",
+        model_file=PYFUNC_MODEL,
         artifacts={"encoder": tiny_model},
         input_example=SENTENCES,
         example_output=expected,
         pip_requirements=["mlflow"],
     )
     digests = weight_file_digests(tiny_model)
-    version = registry.register_candidate(
+    version = register_candidate(
         model_uri,
         80.0,
         TABLE,
@@ -88,7 +91,7 @@ def test_a_changed_weight_file_in_a_downloaded_copy_is_refused_by_load_model(reg
         f"{registered['uri']}: {ENCODER}/model.safetensors changed since registration "
         "(manifest sha256 mismatch); refusing to load it"
     )
-    assert registry.ModelTamperedError is pyfunc_checks.ModelTamperedError  # one error, whoever checks
+    assert ModelTamperedError is pyfunc_checks.ModelTamperedError  # one error, whoever checks
 
 
 def test_a_file_changed_in_the_store_is_refused_by_a_direct_load(registered):

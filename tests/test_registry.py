@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sentcl_mlflow import registry, store
+from sentcl_mlflow import store
+from sentcl_mlflow.registry.gate import promote, register_candidate, rollback
 from tests.tiny import make_tiny_encoder
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,10 +143,10 @@ def fast_registry(mlflow_server, tmp_path_factory):
     mlc.set_terminated(run_id)
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     started = time.monotonic()
-    version = registry.register_candidate(
+    version = register_candidate(
         source, 62.0, PLUS1, name=FAST, run_id=run_id, tags={"dev_scores": json.dumps(SICK_DEV)}
     )
-    result = registry.promote(FAST, version=version)
+    result = promote(FAST, version=version)
     assert result["promoted"] and "first model" in result["reasons"][0]
     return {"source": source, "run_id": run_id, "seconds": time.monotonic() - started}
 
@@ -161,7 +162,7 @@ def add_version(
     weights: str | None = None,
     dev: dict[str, float] = SICK_DEV,
 ) -> str:
-    return registry.register_candidate(
+    return register_candidate(
         fixture["source"],
         stsb_dev,
         table,
@@ -247,7 +248,7 @@ def test_gating_the_champion_again_is_a_no_op_not_a_rejection(fast_registry, cap
     current = champion(mlc, FAST)
     tags = dict(mlc.get_model_version(FAST, current).tags)
     capsys.readouterr()
-    result = registry.promote(FAST, version=current)
+    result = promote(FAST, version=current)
     assert (result["decision"], result["promoted"]) == ("unchanged", False)
     assert (
         capsys.readouterr().out.strip()
@@ -261,20 +262,20 @@ def test_gate_rejects_worse_and_dev_drops_then_promotes_better_whatever_the_test
     mlc = store.client()
     before = champion(mlc, FAST)
     worse = add_version(fast_registry, 61.0, PLUS1)
-    assert registry.promote(FAST)["decision"] == "rejected"
+    assert promote(FAST)["decision"] == "rejected"
     assert champion(mlc, FAST) == before
     assert mlc.get_model_version(FAST, worse).tags["gate.decision"] == "rejected"
     assert "min_delta" in mlc.get_model_version(FAST, worse).tags["gate.reasons"]
 
     add_version(fast_registry, 70.0, PLUS1, dev={"sick_dev": SICK_DEV["sick_dev"] - 3})
-    result = registry.promote(FAST)
+    result = promote(FAST)
     assert not result["promoted"] and any("sick_dev drops 3.00" in r for r in result["reasons"])
     assert champion(mlc, FAST) == before
 
     # A test task that drops 3 is recorded on the version (sts_all) and never read by the gate.
     started = time.monotonic()
     better = add_version(fast_registry, 70.0, {**PLUS1, "STS13": PLUS1["STS13"] - 3})
-    result = registry.promote(FAST)
+    result = promote(FAST)
     seconds = time.monotonic() - started
     assert result["promoted"], result
     assert champion(mlc, FAST) == better
@@ -286,9 +287,9 @@ def test_rollback_restores_the_previous_champion_and_says_who(fast_registry):
     mlc = store.client()
     current = champion(mlc, FAST)
     add_version(fast_registry, 90.0, PLUS1)
-    newest = registry.promote(FAST)["version"]
+    newest = promote(FAST)["version"]
     assert champion(mlc, FAST) == newest
-    registry.rollback(FAST, actor="alice", reason="bad on tickets")
+    rollback(FAST, actor="alice", reason="bad on tickets")
     assert champion(mlc, FAST) == current
     tags = mlc.get_model_version(FAST, newest).tags
     # No accounts on this server: who is the login name, marked as such; --by is a note beside it.
@@ -313,7 +314,7 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 
     def gate(version: str) -> None:
         barrier.wait()
-        results[version] = registry.promote(FAST, version=version)
+        results[version] = promote(FAST, version=version)
 
     threads = [threading.Thread(target=gate, args=(v,)) for v in (a, b)]
     for t in threads:
@@ -449,42 +450,44 @@ def test_rollback_sticks_against_the_gate_and_against_the_same_weights(fast_regi
     restored = champion(mlc, FAST)
     high = {k: v + 30 for k, v in TABLE.items()}  # beats every champion the other tests leave behind
     bad = add_version(fast_registry, 150.0, high, weights="f" * 64)
-    assert registry.promote(FAST)["promoted"]
-    registry.rollback(FAST, actor="carol", reason="worse on tickets")
+    assert promote(FAST)["promoted"]
+    rollback(FAST, actor="carol", reason="worse on tickets")
     assert champion(mlc, FAST) == restored
     tags = mlc.get_model_version(FAST, bad).tags
     assert tags["rolled_back"] == "true" and tags["rolled_back_by_note"] == "carol"
     with pytest.raises(Exception):  # noqa: B017 (the alias is gone: MLflow says so in its own words)
         mlc.get_model_version_by_alias(FAST, "challenger")
 
-    result = registry.promote(FAST, version=bad)  # the gate run again on the demoted version
+    result = promote(FAST, version=bad)  # the gate run again on the demoted version
     assert not result["promoted"] and "rolled back" in result["reasons"][0]
     assert champion(mlc, FAST) == restored
 
     before = versions(mlc, FAST)
     again = add_version(fast_registry, 150.0, high, weights="f" * 64)  # a retrain that lands on them again
     assert again == bad and versions(mlc, FAST) == before  # same weights: no second version
-    assert not registry.promote(FAST, version=again)["promoted"]
+    assert not promote(FAST, version=again)["promoted"]
     assert champion(mlc, FAST) == restored
 
     with pytest.raises(ValueError, match="--by"):
-        registry.promote(FAST, version=bad, force=True)
-    forced = registry.promote(FAST, version=bad, actor="dave", force=True)
+        promote(FAST, version=bad, force=True)
+    forced = promote(FAST, version=bad, actor="dave", force=True)
     who = f"unauthenticated:{getpass.getuser()}"
     assert forced["promoted"] and f"forced by {who} (--by dave, not verified)" in forced["reasons"]
     forced_tags = mlc.get_model_version(FAST, bad).tags
     assert forced_tags["gate.forced_by"] == who and forced_tags["gate.by_note"] == "dave"
-    registry.rollback(FAST, actor="dave", reason="undo the forced promotion")
+    rollback(FAST, actor="dave", reason="undo the forced promotion")
     assert champion(mlc, FAST) == restored
 
 
 KILLED_REGISTRATION = """
 import sys, time
-from sentcl_mlflow import registry, store
+from sentcl_mlflow import store
+from sentcl_mlflow.registry.lease import promotion_lock
+from sentcl_mlflow.registry.versions import _register_locked
 name, source, run_id = sys.argv[1:4]
 mlc = store.client()
-with registry.promotion_lock(name, mlc=mlc, lease_s=3):
-    version, _ = registry._register_locked(
+with promotion_lock(name, mlc=mlc, lease_s=3):
+    version, _ = _register_locked(
         mlc, name, source, 500.0, {"STS12": 99.0}, "e" * 64, None, run_id)
     print("registered", version, flush=True)
     time.sleep(600)  # killed here: after the version exists, before the gate and the `ready` mark
@@ -510,17 +513,17 @@ def test_a_kill_between_registration_and_gate_leaves_no_promotable_orphan(fast_r
     # The next gate breaks the dead holder's lease once it expires (3 s here), cleans up, and never
     # promotes the orphan, though its scores would beat every champion.
     with pytest.raises(LookupError):  # its alias went with it: nothing to gate
-        registry.promote(FAST)
+        promote(FAST)
     assert champion(mlc, FAST) == before
     assert orphan not in versions(mlc, FAST)
 
 
 TWO_CHECKOUT_GATE = """
 import sys, time
-from sentcl_mlflow import registry
+from sentcl_mlflow.registry.gate import promote
 name, version, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 time.sleep(max(0.0, start - time.time()))
-print(registry.promote(name, version=version)["decision"], flush=True)
+print(promote(name, version=version)["decision"], flush=True)
 """
 
 
@@ -564,7 +567,7 @@ def test_served_model_refuses_inputs_that_are_not_strings():
     import pandas as pd
     from mlflow.exceptions import MlflowException
 
-    from stages.pyfunc_encoder import _sentences
+    from sentcl_mlflow.pyfunc_encoder import _sentences
 
     assert _sentences(["a", "b"]) == ["a", "b"]
     assert _sentences(pd.DataFrame({"sentence": ["a", "b"]})) == ["a", "b"]
@@ -635,7 +638,7 @@ def test_served_model_answers_400_to_inputs_that_are_not_strings_over_http(tmp_p
     from sentcl_mlflow.serve import build_app
 
     class Lengths(mlflow.pyfunc.PythonModel):
-        _skip_type_hint_validation = True  # as stages/pyfunc_encoder.py
+        _skip_type_hint_validation = True  # as sentcl_mlflow/pyfunc_encoder.py
 
         def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201
             return np.asarray([[float(len(str(s)))] for s in model_input.iloc[:, 0]], dtype=np.float32)

@@ -52,6 +52,14 @@ def retrain_method(params: Mapping[str, Any]) -> str:
     return method
 
 
+def chosen_method(params: Mapping[str, Any], method: str | None) -> str:
+    """``method`` (a retrain run's own choice) or params.yaml ``retrain.method``; one of RETRAIN_METHODS."""
+    method = method or retrain_method(params)
+    if method not in RETRAIN_METHODS:
+        raise ParamsError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
+    return method
+
+
 def retrain_teacher(params: Mapping[str, Any], method: str) -> str | None:
     """params.yaml ``teacher.model`` when ``method`` distils (None when it does not); a distill method with
     ``teacher.model: none`` is refused here, before any text is read or any model loaded."""
@@ -225,6 +233,42 @@ def new_inbox_files(path: Path | str, box: Path | str) -> list[Path]:
         and not _hidden(p.relative_to(box))
         and not p.name.lower().endswith(UNFINISHED_SUFFIXES)
     ]
+
+
+# Runs started by an event or a schedule read domain text only from the inbox (the watcher's folder).
+TRIGGERED = ("event", "schedule")
+
+
+def check_inside_inbox(domain_text: str, trigger: str, box: Path) -> None:
+    """An event or schedule names a path; only paths inside the configured inbox ``box`` are accepted (an
+    event payload is data from whoever can emit events, not a licence to read any file the worker can)."""
+    if trigger not in TRIGGERED:
+        return
+    path = Path(domain_text).resolve()
+    if path != box and box not in path.parents:
+        raise DomainTextError(
+            f"{domain_text}: outside the inbox {box} (SENTCL_INBOX); a {trigger}-triggered retrain reads only there"
+        )
+
+
+def new_files(domain_text: str, box: Path, trigger: str = "manual") -> list[Path] | None:
+    """The inbox's files under ``domain_text`` that no run has archived yet; None when ``domain_text`` is not
+    in the inbox (a person's own file or folder: read as it is, never moved). An event or schedule naming
+    something already archived has nothing new; a person may name an archived folder to train on it again."""
+    path = Path(domain_text).resolve()
+    if in_inbox(path, box) or (trigger in TRIGGERED and (path == box or box in path.parents)):
+        return new_inbox_files(path, box)
+    return None
+
+
+def check_retrain_input(domain_text: str, domain_dev: str | None, files: list[Path] | None) -> None:
+    """What a retrain reads, checked before anything waits for a Prefect server to start: the domain text
+    (``files``: the inbox's new ones; its warnings are the run's to give) and the ``--domain-dev`` pairs."""
+    read_domain_text(domain_text, files=files, warn=lambda _: None)
+    if domain_dev:
+        if not Path(domain_dev).is_file():
+            raise DomainTextError(f"--domain-dev {domain_dev}: no such file")
+        read_scored_pairs(domain_dev)
 
 
 def archive(files: Sequence[Path | str], box: Path | str, date: str) -> list[Path]:

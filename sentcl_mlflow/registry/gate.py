@@ -1,0 +1,298 @@
+"""Register then gate under the promotion lease, the gate alone (``promote``), and ``rollback``."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from sentcl.registry.rules import TAG_ROLLED_BACK, TAG_STATE, GateConfig, gate_decision, promotion_blocked
+from sentcl_mlflow.errors import NoChampionError
+from sentcl_mlflow.registry.lease import Lease, promotion_lock
+from sentcl_mlflow.registry.names import (
+    CHALLENGER,
+    CHAMPION,
+    READY,
+    REGISTERING,
+    _now,
+    _version_or_none,
+    gate_config,
+    target_model_name,
+)
+from sentcl_mlflow.registry.versions import (
+    _register_locked,
+    _rolled_back_weights,
+    fail_orphaned_runs,
+    finish_unfinished,
+    version_scores,
+)
+from sentcl_mlflow.store import caller_identity, client
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+
+def _note(note: str | None) -> str | None:
+    """What the caller says about who asked (``--by NAME``, else ``$SENTCL_ACTOR``): free text that nothing
+    checks, recorded only as a labelled note beside the authenticated account (``store.caller_identity``)."""
+    return note or os.environ.get("SENTCL_ACTOR") or None
+
+
+def _who(identity: str, note: str | None) -> str:
+    return f"{identity} (--by {note}, not verified)" if note else identity
+
+
+def register_candidate(
+    model_uri: str,
+    stsb_dev: float,
+    sts_all: Mapping[str, float],
+    name: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    weights_sha256: str | None = None,
+) -> str:
+    """Register ``model_uri`` as ``challenger`` (no gate). The version is ``ready`` when this returns."""
+    return register_and_gate(
+        model_uri,
+        stsb_dev,
+        sts_all,
+        name=name,
+        tags=tags,
+        run_id=run_id,
+        weights_sha256=weights_sha256,
+        gate=False,
+    )["version"]
+
+
+def register_and_gate(
+    model_uri: str | Callable[[], tuple[str, str | None]],
+    stsb_dev: float,
+    sts_all: Mapping[str, float],
+    name: str | None = None,
+    tags: Mapping[str, Any] | None = None,
+    run_id: str | None = None,
+    weights_sha256: str | None = None,
+    gate: bool = True,
+    actor: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    domain: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Register then gate, as one unit under the promotion lease (see the module's docstring).
+
+    ``model_uri`` may be a function returning (model URI, run id), called only when a new version is needed
+    (no version of ``name`` has these weights yet)."""
+    config = gate_config(params)
+    name = name or target_model_name(config)
+    mlc = client()
+    with promotion_lock(name, mlc=mlc) as lease:
+        finish_unfinished(mlc, name)
+        fail_orphaned_runs(mlc, lease)
+        version, created = _register_locked(
+            mlc, name, model_uri, stsb_dev, sts_all, weights_sha256, tags, run_id
+        )
+        result: dict[str, Any] = {"model": name, "version": version, "created": created}
+        if gate:
+            result["gate"] = _gate_locked(
+                mlc, name, version, config, (caller_identity(), _note(actor)), domain, False, True, lease
+            )
+        if created:
+            mlc.set_model_version_tag(name, version, TAG_STATE, READY)
+    if "gate" in result:
+        print(format_decision(result["gate"]))
+    return result
+
+
+def _gate_locked(
+    mlc: MlflowClient,
+    name: str,
+    version: str | None,
+    config: GateConfig,
+    caller: tuple[str, str | None],
+    domain: Mapping[str, Any] | None,
+    forced: bool,
+    in_registration: bool,
+    lease: Lease | None = None,
+) -> dict[str, Any]:
+    """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None)."""
+    started = time.time()
+    identity, note = caller
+    forced_by = _who(identity, note) if forced else None
+    cand = mlc.get_model_version(name, version) if version else _version_or_none(mlc, name, CHALLENGER)
+    if cand is None:
+        raise LookupError(f"no {CHALLENGER!r} version of {name!r} to gate; run the export stage first")
+    tags = cand.tags or {}
+    champ = _version_or_none(mlc, name, CHAMPION)
+    blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
+    if tags.get(TAG_STATE) == REGISTERING and not in_registration:
+        promoted, reasons = False, [f"version {cand.version} is unfinished (an interrupted registration)"]
+    elif champ is not None and str(champ.version) == str(cand.version):
+        # Gating the champion again is a no-op: no decision, and no tag over the one that promoted it.
+        return {
+            "model": name,
+            "version": str(cand.version),
+            "decision": "unchanged",
+            "promoted": False,
+            "champion_before": str(champ.version),
+            "champion_after": str(champ.version),
+            "reasons": [f"version {cand.version} is already champion"],
+            "seconds": round(time.time() - started, 2),
+        }
+    elif blocked:
+        promoted, reasons = False, [blocked]
+    else:
+        cand_scores = version_scores(cand)
+        champ_scores = version_scores(champ) if champ is not None else None
+        if domain is not None and champ is not None:
+            if str(domain.get("champion_version")) == str(champ.version):
+                cand_scores = (cand_scores[0], cand_scores[1], float(domain["challenger"]))
+                champ_scores = (champ_scores[0], champ_scores[1], float(domain["champion"]))
+                promoted, reasons = gate_decision(cand_scores, champ_scores, config)
+            else:
+                promoted, reasons = (
+                    False,
+                    [
+                        f"champion changed to version {champ.version} since the domain scores were computed "
+                        f"against version {domain.get('champion_version')}; re-run the retrain"
+                    ],
+                )
+        else:  # domain scores from different dev sets are not comparable
+            promoted, reasons = gate_decision(cand_scores, champ_scores, config, use_domain=False)
+        if forced_by:
+            reasons.append(f"forced by {forced_by}")
+    if promoted:
+        if champ is not None:
+            mlc.set_model_version_tag(name, cand.version, "previous_champion", champ.version)
+        if lease is not None:  # fencing: a holder whose lease was broken stops before the alias moves
+            lease.check()
+            mlc.set_model_version_tag(name, cand.version, "gate.lease_token", lease.token)
+        mlc.set_registered_model_alias(name, CHAMPION, cand.version)
+        after = _version_or_none(mlc, name, CHAMPION)
+        if after is None or str(after.version) != str(cand.version):
+            raise RuntimeError(
+                f"champion of {name!r} reads back as {after.version if after else None} after moving it to "
+                f"{cand.version}: another writer bypassed the promotion lease"
+            )
+    decision = "promoted" if promoted else "rejected"
+    gate_tags = {
+        "gate.decision": decision,
+        "gate.reasons": "; ".join(reasons),
+        "gate.champion_before": champ.version if champ is not None else "",
+        "gate.min_delta": str(config.min_delta),
+        "gate.max_dev_drop": str(config.max_dev_drop),
+        "gate.at": _now(),
+        "gate.by": identity,  # the account the server authenticated, never free text
+    }
+    if note:
+        gate_tags["gate.by_note"] = note  # --by: what the caller says, not verified
+    if forced:
+        gate_tags["gate.forced_by"] = identity
+    for (
+        key,
+        value,
+    ) in gate_tags.items():  # after the alias moved: a tag never claims a move that did not happen
+        mlc.set_model_version_tag(name, cand.version, key, value)
+    return {
+        "model": name,
+        "version": str(cand.version),
+        "decision": decision,
+        "promoted": promoted,
+        "champion_before": str(champ.version) if champ is not None else None,
+        "champion_after": str(cand.version) if promoted else (str(champ.version) if champ else None),
+        "reasons": reasons,
+        "seconds": round(time.time() - started, 2),
+    }
+
+
+def promote(
+    name: str | None = None,
+    version: str | None = None,
+    actor: str | None = None,
+    params: Mapping[str, Any] | None = None,
+    domain: Mapping[str, Any] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Run the gate on ``version`` (default: the ``challenger`` alias) against ``champion``; print and tag.
+
+    The champion is read after the lease is taken, so two gates cannot both promote against a stale champion.
+    ``domain`` = ``{"challenger": x, "champion": y, "champion_version": v}``: both models scored on the same
+    domain dev set; it only counts while ``v`` is still the champion. ``force`` (with a named ``actor``)
+    lifts the rolled-back block, never the score rules. ``actor`` (``--by``) is recorded as a note
+    (``gate.by_note``); who promoted is the authenticated account (``gate.by``, ``gate.forced_by``).
+    """
+    if force and not actor:
+        raise ValueError("--force needs the name of the person forcing it (--by NAME)")
+    config = gate_config(params)
+    name = name or config.model_name
+    mlc = client()
+    with promotion_lock(name, mlc=mlc) as lease:
+        finish_unfinished(mlc, name)
+        caller = (caller_identity(), _note(actor))
+        result = _gate_locked(mlc, name, version, config, caller, domain, force, False, lease)
+    print(format_decision(result))
+    return result
+
+
+def format_decision(result: Mapping[str, Any]) -> str:
+    if result["decision"] == "unchanged":
+        return f"gate: {result['model']} version {result['version']} is already champion; nothing to do"
+    lines = [
+        f"gate: {result['model']} version {result['version']} {result['decision'].upper()}"
+        f" (champion {result['champion_before'] or '-'} -> {result['champion_after'] or '-'})"
+    ]
+    lines += [f"  - {reason}" for reason in result["reasons"]]
+    return "\n".join(lines)
+
+
+def rollback(
+    name: str | None = None, actor: str | None = None, reason: str = "manual rollback"
+) -> dict[str, Any]:
+    """Give ``champion`` back to the version it replaced. The demoted version is tagged ``rolled_back`` (no
+    gate promotes it, or its weights, again without ``--force``) and loses ``challenger`` if it held it. Who rolled
+    back is the authenticated account (``rolled_back_by``); ``actor`` (``--by``) is an unverified note."""
+    name = name or gate_config().model_name
+    mlc = client()
+    identity, note = caller_identity(), _note(actor)
+    by = {"_by": identity, **({"_by_note": note} if note else {})}
+    with promotion_lock(name, mlc=mlc) as lease:
+        champ = _version_or_none(mlc, name, CHAMPION)
+        if champ is None:
+            raise NoChampionError(f"{name!r} has no champion to roll back")
+        previous = (champ.tags or {}).get("previous_champion")
+        if not previous:
+            raise LookupError(f"champion version {champ.version} has no previous champion to roll back to")
+        stamp = _now()
+        # Marked first: from here on no gate can promote it, whatever happens to the rest of this call.
+        for key, value in {
+            TAG_ROLLED_BACK: "true",
+            **{f"rolled_back{k}": v for k, v in by.items()},
+            "rolled_back_reason": reason,
+            "rolled_back_at": stamp,
+        }.items():
+            mlc.set_model_version_tag(name, champ.version, key, value)
+        lease.check()
+        mlc.set_registered_model_alias(name, CHAMPION, previous)
+        challenger = _version_or_none(mlc, name, CHALLENGER)
+        if challenger is not None and str(challenger.version) == str(champ.version):
+            mlc.delete_registered_model_alias(name, CHALLENGER)
+        restored = {
+            **{f"restored{k}": v for k, v in by.items()},
+            "restored_reason": reason,
+            "restored_at": stamp,
+        }
+        for key, value in restored.items():
+            mlc.set_model_version_tag(name, previous, key, value)
+        after = _version_or_none(mlc, name, CHAMPION)
+        if after is None or str(after.version) != str(previous):
+            raise RuntimeError(
+                f"champion of {name!r} reads back as {after and after.version}, not {previous}"
+            )
+    print(f"rollback: {name} champion {champ.version} -> {previous} by {_who(identity, note)}: {reason}")
+    return {
+        "model": name,
+        "from": champ.version,
+        "to": previous,
+        "by": identity,
+        "note": note,
+        "reason": reason,
+    }

@@ -1,0 +1,65 @@
+"""Which registered model and experiment a registration goes to, the aliases, and reading an alias back."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from sentcl.registry.rules import GateConfig
+from sentcl_mlflow.errors import unreachable
+from sentcl_mlflow.store import EXPERIMENT, load_params_file
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+CHALLENGER, CHAMPION = "challenger", "champion"
+REGISTERING, READY = "registering", "ready"
+
+
+def gate_config(params: Mapping[str, Any] | None = None) -> GateConfig:
+    return GateConfig.from_params(params if params is not None else load_params_file())
+
+
+def target_model_name(config: GateConfig) -> str:
+    """The production model, except inside a DVC experiment (``dvc exp run``, ``make exp``), which registers
+    into ``experiment_model_name`` unless ``SENTCL_REGISTER_PRODUCTION=1`` asks for production."""
+    in_experiment = bool(os.environ.get("DVC_EXP_NAME"))
+    asked = os.environ.get("SENTCL_REGISTER_PRODUCTION", "").lower() in ("1", "true", "yes")
+    return config.experiment_model_name if in_experiment and not asked else config.model_name
+
+
+# Production runs go to an experiment of their own, which `auth setup` makes editable by the gate's account
+# only: in the shared experiment every teammate with EDIT could overwrite a production run's artifacts.
+PRODUCTION_EXPERIMENT_SUFFIX = "-production"
+
+
+def production_experiment(experiment: str = EXPERIMENT) -> str:
+    return experiment + PRODUCTION_EXPERIMENT_SUFFIX
+
+
+def run_experiment(model_name: str, config: GateConfig | None = None) -> str:
+    """The experiment a registration's model run is logged in: the gate-only production experiment for the
+    production model, the shared one for the experiments model (and anything else)."""
+    config = config or gate_config()
+    return production_experiment() if model_name == config.model_name else EXPERIMENT
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _error_code(error: Exception) -> str:
+    return str(getattr(error, "error_code", ""))
+
+
+def _version_or_none(mlc: MlflowClient, name: str, alias: str):
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return mlc.get_model_version_by_alias(name, alias)
+    except MlflowException as e:
+        if unreachable(e):  # a dead server is not "no champion": that would gate as if first ever
+            raise
+        return None
