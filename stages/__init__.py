@@ -1,4 +1,8 @@
-"""One module per DVC stage: read params.yaml, do the file I/O, log, call sentcl."""
+"""One module per DVC stage (dvc.yaml names each: ``python -m stages.<name>``): read params.yaml, do the file I/O,
+log, call sentcl. Beside them, what the stages share (``common``: paths and params; ``cli``: one line and an exit
+code for an error; ``training``: the three training stages' run) and three commands that run the way a stage does
+but are no DVC stage: ``embed`` (a file of sentences to vectors), ``analyze`` (the papers' analyses, ``make
+analyses``) and ``profile`` (a params profile as a DVC experiment, ``make exp``)."""
 
 import os
 
