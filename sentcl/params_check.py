@@ -23,6 +23,7 @@ SECTIONS = (
     "teacher",
     "retrain",
     "evaluate",
+    "export",
     "registry",
     "flows",
     "tracking",

@@ -21,6 +21,7 @@ from flows.common import FlowConfig
 from sentcl import params_check as rules
 from sentcl.data.domain import retrain_method
 from sentcl.data.fetching import FetchConfig
+from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
@@ -49,6 +50,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
     ("evaluate", rules.check_evaluate),
+    ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
     ("tracking", TrackingConfig.from_params),
