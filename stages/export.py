@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     info["sts_row"] = sts[checkpoint]
     (args.output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"export: {checkpoint} (stsb_dev {info['stsb_dev']:.2f}) -> {args.output}")
-    int8 = info["int8"]
+    int8 = info["int8"]  # build_release writes it whenever it is given a QuantizeConfig, as here
     if int8["shipped"]:
         print(
             f"export: int8 ({int8['method']}) stsb_dev {int8['stsb_dev']:.2f}, within "

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -164,6 +166,7 @@ def test_build_int8_keeps_the_graph_only_within_tolerance(release, senteval, tmp
     # fp32 far below anything int8 can score: ships, and the record holds int8's own seven tasks and dev.
     shipped = build_int8(folder, config, {"stsb_dev": -100.0}, onnx, data_root=senteval, max_length=32)
     assert shipped["shipped"] and shipped["file"] == INT8_FILE and (folder / INT8_FILE).is_file()
+    assert shipped["sha256"] == hashlib.sha256((folder / INT8_FILE).read_bytes()).hexdigest()
     assert len(shipped["all"]) == 8 and -100 <= shipped["stsb_dev"] <= 100
     # fp32 out of reach: not shipped, the file is gone, one line says which split and by how much.
     kept = build_int8(
@@ -273,3 +276,33 @@ def test_fast_encoder_int8_without_the_file_is_a_clear_error(tmp_path):
     folder = make_tiny_model(tmp_path)
     with pytest.raises(MissingInt8Error, match="no onnx/model_int8.onnx"):
         FastEncoder(folder, pooling="last-avg", backend="int8")
+
+
+@pytest.mark.slow
+def test_export_stage_says_in_one_line_when_int8_is_not_shipped(
+    release, senteval, tmp_path, capsys, monkeypatch
+):
+    from stages import export
+
+    monkeypatch.setenv("SENTCL_MLFLOW", "0")
+    model = tmp_path / "base"
+    shutil.copytree(release, model, ignore=shutil.ignore_patterns("onnx"))
+    # fp32's STS-B dev out of int8's reach: the stage must ship fp32 only and say so
+    (tmp_path / "sts.json").write_text(json.dumps({"base": {"all": {"avg": 50.0}, "stsb_dev": 99.0}}))
+    args = [
+        "--sts",
+        str(tmp_path / "sts.json"),
+        "--model",
+        f"base={model}",
+        "--output",
+        str(tmp_path / "out"),
+    ]
+    args += ["--summary", str(tmp_path / "export.json"), "--data", str(senteval), "--no-register"]
+    args += ["--train-metrics", str(tmp_path / "none")]
+    assert export.main(args) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "int8" in line]
+    assert len(lines) == 1 and lines[0].startswith("export: int8 not shipped: stsb_dev drops")
+    assert (tmp_path / "out" / FP32_FILE).is_file() and not (tmp_path / "out" / INT8_FILE).exists()
+    summary = json.loads((tmp_path / "export.json").read_text())
+    assert summary["int8"]["shipped"] is False and summary["int8"]["fp32_avg"] == 50.0
+    assert "No int8 graph: int8 not shipped" in (tmp_path / "out" / "README.md").read_text()

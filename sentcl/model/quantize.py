@@ -115,10 +115,10 @@ def quantize(
     """Write the int8 copy of the fp32 graph ``source`` to ``target``.
 
     Why dynamic QInt8 per-channel is the default (params.yaml ``export``; docs/deployment.md has the table): on
-    all-MiniLM-L6-v2 it lost 0.16 STS-B dev and 0.14 of the seven-task average and ran ~1.9x fp32 ONNX on 2 cores.
-    Static QDQ calibrated on the training text lost 1.7 / 3.5 and was no faster: one fixed range per activation
+    all-MiniLM-L6-v2 it lost 0.16 STS-B dev and 0.14 of the seven-task average and ran ~2x fp32 ONNX on 2 cores.
+    Static QDQ calibrated on the training text lost 1.7 / 3.5 and ran 0.9-1.3x fp32: one fixed range per activation
     tensor must cover every sentence (likely the few large-magnitude channels transformers have), where dynamic
-    takes each batch's own range. QUInt8 weights were as accurate as QInt8 per-channel but no faster than fp32
+    takes each batch's own range. QUInt8 weights were as accurate as QInt8 per-channel but ~1.1x fp32 only
     on this CPU (AVX512-VNNI multiplies u8 by s8).
 
     ``dynamic``: int8 weights (``weight_type`` qint8 or quint8) and per-batch activation scales.

@@ -8,6 +8,7 @@ splits only; the seven test tasks are reported beside fp32's, never used to deci
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -102,6 +103,7 @@ def build_int8(
     record["shipped"] = within_tolerance(record["dev_drops"], config.int8_max_dev_drop)
     if record["shipped"]:
         record["file"] = INT8_FILE
+        record["sha256"] = hashlib.sha256(target.read_bytes()).hexdigest()  # for a registry manifest to check
     else:
         target.unlink()  # a folder holds the int8 graph only when it is fit to serve
         record["file"] = None
