@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.evaluation.models import DEFAULTS as EVALUATE_DEFAULTS
-from sentcl.model.fast_encode import BACKENDS
+from sentcl.model.fast_encode import EXACT_BACKENDS
 from sentcl.model.pooling import POOLINGS, PromptSettings
 from sentcl.training.data import TEXT_CHOICES
 
@@ -85,9 +85,11 @@ def check_evaluate(params: dict[str, Any]) -> None:
         raise ParamsError(
             f"params.yaml: evaluate.pooling {section['pooling']!r} is not one of {', '.join(POOLINGS)}"
         )
-    if settings["backend"] not in BACKENDS:
+    if (
+        settings["backend"] not in EXACT_BACKENDS
+    ):  # checkpoints have no int8 graph; only a release folder does
         raise ParamsError(
-            f"params.yaml: evaluate.backend {section['backend']!r} is not one of {', '.join(BACKENDS)}"
+            f"params.yaml: evaluate.backend {section['backend']!r} is not one of {', '.join(EXACT_BACKENDS)}"
         )
     tokens = settings["max_tokens"]
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:

@@ -306,3 +306,23 @@ def test_export_stage_says_in_one_line_when_int8_is_not_shipped(
     summary = json.loads((tmp_path / "export.json").read_text())
     assert summary["int8"]["shipped"] is False and summary["int8"]["fp32_avg"] == 50.0
     assert "No int8 graph: int8 not shipped" in (tmp_path / "out" / "README.md").read_text()
+
+
+def test_evaluate_command_scores_the_int8_graph_and_params_keep_checkpoints_exact(
+    release, senteval, tmp_path
+):
+    from sentcl.params_check import ParamsError, check_evaluate
+    from stages.evaluate import main
+
+    scores = {}
+    for backend in ("onnx", "int8"):
+        out = tmp_path / f"{backend}.json"
+        argv = ["--model", str(release), "--data", str(senteval), "--output", str(out), "--no-progress"]
+        assert main([*argv, "--backend", backend]) == 0
+        scores[backend] = json.loads(out.read_text())
+    assert list(scores["int8"]["all"]) == list(scores["onnx"]["all"])  # the same seven tasks and average
+    assert all(-100 <= v <= 100 for v in scores["int8"]["all"].values())
+    # tiny random model, six pairs a subset: no claim on how close; the vectors' closeness is tested above
+    # the pipeline evaluates checkpoints, which have no int8 graph: params.yaml may not ask for it
+    with pytest.raises(ParamsError, match="evaluate.backend 'int8' is not one of onnx, torch"):
+        check_evaluate({"evaluate": {"backend": "int8"}})
