@@ -73,9 +73,11 @@ exp: setup
 bench-eval: setup
 	$(PY) benchmarks/bench_eval.py
 
-# stages.embed against stages.evaluate on the unique STS test sentences, whole processes, as a ratio (>= 0.8x).
+# stages.embed with torch fp32, ONNX fp32 and ONNX int8 on the unique STS test sentences, whole processes pinned
+# to the same cores, as ratios to torch fp32 (BENCH_EMBED_ARGS="--model DIR --data DIR --threads N").
+BENCH_EMBED_ARGS ?=
 bench-embed: setup
-	$(PY) benchmarks/bench_embed.py
+	$(PY) benchmarks/bench_embed.py $(BENCH_EMBED_ARGS)
 
 # Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time, the
 # gate's rule; SICK by default (train sentences as text, trial pairs as dev, test pairs held out); --from

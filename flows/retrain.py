@@ -398,6 +398,8 @@ def register_and_gate(
     export_args += ["--model", f"{stage}={retrained}", "--model", f"{init_name}={init['folder']}"]
     export_args += ["--train-metrics", str(work / "metrics" / "train")]
     export_args += ["--tag", f"domain_text_sha256={sha}", "--tag", f"trigger={trigger}"]
+    # Static int8 calibrates on what this run trained on (prepare_text wrote it), not on the pipeline's text.
+    export_args += ["--calibration-text", str(work / "texts.txt"), "--data", str(raw or RAW)]
     if domain_dev:
         export_args += ["--domain-dev", str(domain_dev)]
         if init["version"]:

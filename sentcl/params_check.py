@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.evaluation.models import DEFAULTS as EVALUATE_DEFAULTS
-from sentcl.model.fast_encode import BACKENDS
+from sentcl.model.fast_encode import EXACT_BACKENDS
 from sentcl.model.pooling import POOLINGS, PromptSettings
 from sentcl.params import ParamsError, one_of, read_section, text, whole_number
 from sentcl.training.data import TEXT_CHOICES
@@ -24,6 +24,7 @@ SECTIONS = (
     "teacher",
     "retrain",
     "evaluate",
+    "export",
     "registry",
     "flows",
     "tracking",
@@ -64,7 +65,9 @@ def check_evaluate(params: dict[str, Any]) -> None:
     section = read_section(params, "evaluate", EVALUATE_KEYS, optional=EVALUATE_KEYS)
     settings = EVALUATE_DEFAULTS | section
     one_of(settings["pooling"], "evaluate.pooling", POOLINGS)
-    one_of(settings["backend"], "evaluate.backend", BACKENDS)
+    one_of(
+        settings["backend"], "evaluate.backend", EXACT_BACKENDS
+    )  # checkpoints have no int8 graph; a release does
     whole_number(settings["max_tokens"], "evaluate.max_tokens", minimum=1)
     checkpoints = section.get("checkpoints", [])
     if not isinstance(checkpoints, list) or not all(isinstance(c, str) for c in checkpoints):

@@ -20,6 +20,7 @@ from typing import Any
 from sentcl import params_check as rules
 from sentcl.data.domain import retrain_method
 from sentcl.data.fetching import FetchConfig
+from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
 from sentcl.params import FlowConfig
 from sentcl.params_check import SECTIONS
@@ -52,6 +53,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("retrain", retrain_method),
     ("retrain held-out share", AgreementConfig.from_params),
     ("evaluate", rules.check_evaluate),
+    ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
     ("tracking", TrackingConfig.from_params),

@@ -8,6 +8,9 @@
 the command says which version that is. The output format follows the suffix: ``.npy`` (float32 matrix, row i =
 line i), ``.jsonl`` (``{"sentence": ..., "embedding": [...]}`` per line), ``.csv`` (``sentence,e0,e1,...``) or
 ``.parquet`` (columns ``sentence``, ``embedding``); any other suffix is refused. Empty lines keep their row.
+``--backend int8`` runs the release folder's int8 graph (``onnx/model_int8.onnx``, written by the export stage
+when it is within tolerance of fp32): faster on CPU, vectors close to fp32's but not equal; a folder without it
+is refused in one line.
 
 It is the evaluate stage's fast path (:mod:`sentcl.model.fast_encode`): each distinct line is encoded once, in one
 length-sorted pass with batches bounded by a token budget, in ONNX Runtime worker processes. Vectors equal
@@ -25,7 +28,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from sentcl.model.embedding_io import SUFFIXES, EmbedInputError, check_output, embed, read_lines
+from sentcl.model.embedding_io import (
+    EMBED_BACKENDS,
+    SUFFIXES,
+    EmbedInputError,
+    check_output,
+    embed,
+    read_lines,
+)
 from stages.common import load_params, offline_hub
 
 
@@ -78,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="folder or models:/ URI (default: the champion)")
     parser.add_argument("--batch-size", type=int, default=64, help="most sentences in one batch")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--backend",
+        choices=EMBED_BACKENDS,
+        default="auto",
+        help="auto: ONNX fp32 where exact, else sentence-transformers; int8: the release's onnx/model_int8.onnx",
+    )
     args = parser.parse_args(argv)
     offline_hub()
     quiet_loading()
@@ -94,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="sentcl-embed-") as scratch:
             folder, label = resolve_model(args.model, Path(scratch), registered)
             print(f"embed: model = {label}", flush=True)
-            done = embed(lines, args.output, folder, args.batch_size, not args.no_progress)
+            done = embed(lines, args.output, folder, args.batch_size, not args.no_progress, args.backend)
     except EmbedInputError as error:
         print(f"embed: {error}", file=sys.stderr)
         return 2

@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         action=argparse.BooleanOptionalAction,
         help="prompt pooling: subtract the template's delta (default params evaluate.prompt.denoise)",
     )
-    parser.add_argument("--backend", choices=BACKENDS, help="onnx (default) or torch; same numbers")
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        help="onnx (default) or torch, same numbers; int8: a release folder's onnx/model_int8.onnx",
+    )
     parser.add_argument("--max-length", type=int, help="truncation; default the model's own max_seq_length")
     parser.add_argument(
         "--no-dev",

@@ -9,6 +9,11 @@ did not help registers its init again, tagged ``beat_init=false``; only the gate
 The release folder (``sentcl.registry.release``) is a sentence-transformers folder plus ``onnx/model.onnx``, checked
 against PyTorch to 1e-4, and a model card (README.md) with data licences, params, the STS table, the weights'
 sha256 and the git commit; ``sentcl_mlflow.release`` registers it.
+
+It also writes ``onnx/model_int8.onnx`` (params.yaml ``export``; ``sentcl.registry.int8``) and scores it on the
+benchmark (``--data``): shipped only when the dev splits stay within ``export.int8_max_dev_drop`` of fp32,
+otherwise one line says so and the folder is fp32 only. Static quantisation calibrates on the text the run
+trained on: ``--calibration-text`` (the retrain flow passes its domain text), else ``transfer.texts``.
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from sentcl.model.quantize import QuantizeConfig
+from sentcl.params import ParamsError
 from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, MODELS, load_params, offline_hub
+from stages.common import METRICS, MODELS, RAW, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
 
@@ -37,6 +44,23 @@ def _parse_models(values: list[str]) -> dict[str, Path]:
             raise SystemExit(f"export: --model expects NAME=DIR, got {value!r}")
         folders[name] = Path(path)
     return folders
+
+
+def calibration_text(path: Path | None, params: dict[str, Any], folder: Path) -> list[str]:
+    """The training text for static int8 calibration: ``path`` (a retrain's domain text) or ``transfer.texts``,
+    selected as the transfer stage selects it (``heldout`` drops dev-identical sentences with this tokenizer)."""
+    from stages import training
+
+    if path is not None:
+        return training.read_texts(path)
+    choice = params["transfer"]["texts"]
+    if Path(choice).exists():
+        return training.read_texts(Path(choice))
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    pairs, nli = training.load_pairs(), training.load_nli()
+    return training.transfer_texts(choice, pairs, nli, RAW, tokenizer, int(params["model"]["max_length"]))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -60,6 +84,12 @@ def main(argv: list[str] | None = None) -> int:
         "is the champion's in the gate",
     )
     parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
+    parser.add_argument("--data", type=Path, default=RAW, help="SentEval folder the int8 graph is scored on")
+    parser.add_argument(
+        "--calibration-text",
+        type=Path,
+        help="file or folder of the training text for static int8 (default: transfer.texts)",
+    )
     args = parser.parse_args(argv)
     offline_hub()
 
@@ -70,6 +100,10 @@ def main(argv: list[str] | None = None) -> int:
 
     params = load_params()
     config = GateConfig.from_params(params)  # a wrong registry section stops the stage before any work
+    try:
+        quantize_config = QuantizeConfig.from_params(params)
+    except ParamsError as e:
+        raise BadInput(str(e)) from None
     register = not args.no_register and store.tracking_enabled()
     if register:
         store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
@@ -100,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             "champion_version": champ_version,
         }
     beat_init, any_beat = release.beat_init_flags(checkpoint, args.train_metrics)
+    calibration = None
+    if quantize_config.int8_method == "static":
+        calibration = calibration_text(args.calibration_text, params, folders[checkpoint])
     try:
         info = release.build_release(
             checkpoint,
@@ -111,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             model_name=registry.target_model_name(config),
             git_commit=store.git_commit(),
             git_dirty=store.git_dirty(),
+            quantize_config=quantize_config,
+            data_root=args.data,
+            calibration=calibration,
         )
     except release.OnnxMismatchError as e:
         raise SystemExit(f"export: {e}") from None
@@ -118,6 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     info["sts_row"] = sts[checkpoint]
     (args.output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     print(f"export: {checkpoint} (stsb_dev {info['stsb_dev']:.2f}) -> {args.output}")
+    int8 = info["int8"]  # build_release writes it whenever it is given a QuantizeConfig, as here
+    if int8["shipped"]:
+        print(
+            f"export: int8 ({int8['method']}) stsb_dev {int8['stsb_dev']:.2f}, within "
+            f"{int8['max_dev_drop']} of fp32 -> {args.output / int8['file']}"
+        )
+    else:
+        print(f"export: {int8['reason']}")
     summary = release.release_summary(info)
     if register:
         inputs = [args.sts, folders[checkpoint]] + ([args.domain_dev] if args.domain_dev else [])

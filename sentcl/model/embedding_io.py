@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 SUFFIXES = (".npy", ".jsonl", ".csv", ".parquet")
+EMBED_BACKENDS = ("auto", "onnx", "int8", "sentence-transformers")
 PROGRESS_FROM = 1000  # lines; shorter inputs finish before a bar would be useful
 
 
@@ -99,13 +100,30 @@ def fast_settings(folder: Path) -> tuple[str, bool] | None:
     return (pooling, normalize) if pooling else None
 
 
-def make_encoder(folder: Path, max_batch: int, progress: bool) -> tuple[Callable, Callable[[], int], str]:
-    """(encode(sentences) -> float32 [n, dim], truncated-count of the last call, backend name)."""
+def make_encoder(
+    folder: Path, max_batch: int, progress: bool, backend: str = "auto"
+) -> tuple[Callable, Callable[[], int], str]:
+    """(encode(sentences) -> float32 [n, dim], truncated-count of the last call, backend name).
+
+    ``backend``: ``auto`` (the fast path where it is exact, else sentence-transformers), ``onnx`` or ``int8``
+    (the fast path, refused where it does not apply), ``sentence-transformers`` (its own ``encode``)."""
     from sentcl.model.fast_encode import FastEncoder
     from sentcl.model.folder import count_truncated
     from sentcl.model.pooling import read_model_pooling
+    from sentcl.model.quantize import INT8_FILE
 
-    if read_model_pooling(folder) is not None:  # a pooling the folder carries (PromptBERT): sentcl's encoder
+    if backend not in EMBED_BACKENDS:
+        raise EmbedInputError(f"unknown backend {backend!r}; choose one of {', '.join(EMBED_BACKENDS)}")
+    if backend == "int8" and not (folder / INT8_FILE).is_file():  # before any model is loaded
+        raise EmbedInputError(
+            f"{folder}: no {INT8_FILE}; the export stage writes it when int8 is within tolerance of fp32"
+        )
+    fast = backend in ("onnx", "int8")
+    if fast and (read_model_pooling(folder) is not None or fast_settings(folder) is None):
+        raise EmbedInputError(
+            f"{folder}: --backend {backend} serves Transformer + mean/CLS Pooling folders; use --backend auto"
+        )
+    if backend == "auto" and read_model_pooling(folder) is not None:  # a carried pooling (PromptBERT)
         from sentcl.model.encoder import load_folder_encoder
 
         carried = load_folder_encoder(folder)
@@ -121,10 +139,13 @@ def make_encoder(folder: Path, max_batch: int, progress: bool) -> tuple[Callable
             f"torch, {carried.pooling}, max {carried.max_length} tokens",
         )
 
-    settings = fast_settings(folder)
+    settings = fast_settings(folder) if backend != "sentence-transformers" else None
     if settings is not None:
         pooling, normalize = settings
-        encoder = FastEncoder(folder, pooling=pooling, max_batch=max_batch, progress=progress)
+        fast_backend = "int8" if backend == "int8" else "onnx"  # onnx falls back to torch, with a warning
+        encoder = FastEncoder(
+            folder, pooling=pooling, max_batch=max_batch, progress=progress, backend=fast_backend
+        )
 
         def encode(sentences: list[str]) -> np.ndarray:
             vectors = encoder(sentences)
@@ -204,11 +225,18 @@ def write_vectors(path: Path, lines: list[str], vectors: np.ndarray) -> None:
 
 
 def embed(
-    lines: list[str], output: Path, folder: Path, max_batch: int = 64, progress: bool = True
+    lines: list[str],
+    output: Path,
+    folder: Path,
+    max_batch: int = 64,
+    progress: bool = True,
+    backend: str = "auto",
 ) -> dict[str, object]:
     """Encode each distinct line once, write one row per line; return what was done."""
     unique = list(dict.fromkeys(lines))
-    encode, truncated, backend = make_encoder(folder, max_batch, progress and len(unique) >= PROGRESS_FROM)
+    encode, truncated, backend = make_encoder(
+        folder, max_batch, progress and len(unique) >= PROGRESS_FROM, backend
+    )
     vectors = encode(unique)
     position = {sentence: i for i, sentence in enumerate(unique)}
     rows = vectors[np.fromiter((position[s] for s in lines), dtype=np.int64, count=len(lines))]

@@ -6,6 +6,10 @@ several cores, batches go to worker processes of one thread each: on 2 cores, tw
 Every trick here is exact up to float32 rounding (checked against torch at load time, and by the tests):
 length-sorted batches only change how much padding each row sees, and padding is masked out of both the
 attention and the mean. Nothing lossy (int8, fp16) is used, so scores match the plain torch encoder to 0.01.
+
+The one exception is asked for by name: ``backend="int8"`` runs a release folder's ``onnx/model_int8.onnx``
+(written by the export stage, :mod:`sentcl.model.quantize`) with the same tokenization, batching and workers. It
+is lossy by design, so it is not checked against torch at load time; the export measured it on the dev splits.
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from sentcl.model.folder import count_over_limit, model_max_length, transformer_
 from sentcl.model.pooling import ModelPooling, PromptSettings
 
 log = logging.getLogger(__name__)
-BACKENDS = ("onnx", "torch")
+EXACT_BACKENDS = ("onnx", "torch")  # equal to torch to 1e-4: what the pipeline evaluates checkpoints with
+BACKENDS = (*EXACT_BACKENDS, "int8")  # int8: a release folder's onnx/model_int8.onnx, lossy
 # Measured on 2 CPU cores with MiniLM-L6 (mean 14 tokens a sentence): ~512 tokens a batch is the sweet spot;
 # batches of 128 sentences are 2-4x slower per sentence (activations leave the cache).
 DEFAULT_MAX_TOKENS = 512
@@ -72,6 +77,10 @@ def _worker_start(path: str, threads: int) -> None:
 def _worker_run(batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     rows, input_ids, mask = batch
     return rows, _worker_session.run(None, {"input_ids": input_ids, "attention_mask": mask})[0]
+
+
+class MissingInt8Error(FileNotFoundError):
+    """``backend="int8"`` on a folder without ``onnx/model_int8.onnx``."""
 
 
 class _Pooled(nn.Module):
@@ -147,6 +156,8 @@ class FastEncoder:
         self.last_truncated = 0  # sentences cut to max_length by the last call (or batches())
         if backend == "onnx":
             self._start_onnx()
+        elif backend == "int8":
+            self._start_int8()
 
     # -- tokenization and batching -------------------------------------------------------------------------
     def _tokenize(self, sentences: Sequence[str]) -> list[list[int]]:
@@ -233,6 +244,18 @@ class FastEncoder:
             )
             self.session = None
             self.backend = "torch"
+
+    def _start_int8(self) -> None:
+        from sentcl.model.quantize import INT8_FILE
+
+        path = Path(self.model_path) / INT8_FILE
+        if not path.is_file():  # no silent fallback: whoever asked for int8 measures or serves int8
+            raise MissingInt8Error(
+                f"{self.model_path}: no {INT8_FILE} (the export stage writes it when int8 is within tolerance)"
+            )
+        self.onnx_path = str(path)
+        self.session = _ort_session(self.onnx_path, self.threads, spin=False)
+        self.backend = "int8"
 
     def _check_onnx(self) -> None:
         probe = ["a", "a man is playing a guitar on the street .", "two dogs run", "x " * 40]

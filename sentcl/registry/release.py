@@ -17,6 +17,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from sentcl.model.quantize import QuantizeConfig
+from sentcl.registry.int8 import build_int8
 from sentcl.registry.rules import choose_checkpoint, dev_scores, weight_file_digests, weights_fingerprint
 
 ONNX_TOLERANCE = 1e-4
@@ -194,6 +196,9 @@ def build_release(
     model_name: str,
     git_commit: str | None,
     git_dirty: bool,
+    quantize_config: QuantizeConfig | None = None,
+    data_root: Path | None = None,
+    calibration: list[str] | None = None,
 ) -> dict[str, Any]:
     """Replace ``output`` with ``source``'s files, its ONNX graph, the model card and ``export.json``."""
     if output.exists():
@@ -214,7 +219,18 @@ def build_release(
         "exported_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     info["weights_fingerprint"] = weights_fingerprint(info["weights_sha256"])
-    info["onnx"] = export_onnx(output, int(params["model"]["max_length"]))
+    max_length = int(params["model"]["max_length"])
+    info["onnx"] = export_onnx(output, max_length)
+    if quantize_config is not None and data_root is not None:
+        info["int8"] = build_int8(
+            output,
+            quantize_config,
+            sts[checkpoint],
+            info["onnx"],
+            data_root=data_root,
+            max_length=max_length,
+            calibration=calibration,
+        )
     (output / "README.md").write_text(model_card(info, params, sts[checkpoint]))
     (output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
@@ -245,6 +261,13 @@ def release_summary(info: dict[str, Any]) -> dict[str, Any]:
     summary = {k: info[k] for k in ("checkpoint", "stsb_dev", "beat_init", "trained_beat_init")}
     summary["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
     summary["weights_sha256"] = info["weights_fingerprint"]
+    if "int8" in info:
+        int8 = info["int8"]
+        summary["int8"] = {k: int8[k] for k in ("method", "shipped", "file", "max_dev_drop") if k in int8}
+        summary["int8"] |= {k: int8[k] for k in ("stsb_dev", "sick_dev", "dev_drops", "reason") if k in int8}
+        if "all" in int8:
+            summary["int8"]["avg"] = int8["all"]["avg"]
+            summary["int8"]["fp32_avg"] = (int8["fp32"].get("all") or {}).get("avg")
     if "domain_spearman" in info["sts_row"]:
         summary["domain_spearman"] = info["sts_row"]["domain_spearman"]
     return summary
