@@ -16,7 +16,9 @@ length-sorted chunks of each ``--chunks`` size (``train.chunk_tokens``: at most 
 forward). The loops alternate on the same batch at each step (peer, sentcl padded, sentcl chunks, ...) so that a
 machine shared with other jobs slows all alike; each ratio is of median step times measured in this one run.
 Memory: the activations autograd keeps for the backward pass (exact, from a separate untimed step), and the peak
-growth of resident memory during a timed step (CPU, sampled every 5 ms) or peak allocated memory (CUDA).
+growth of resident memory during a timed step (CPU, sampled every 5 ms) or peak allocated memory (CUDA). The
+process's CPU seconds per step are printed beside the wall time: on a machine shared with other jobs, with
+``--threads 1``, they are the steadier measure of the work.
 ``bf16`` is forced in one extra contrastive row whatever ``train.bf16: auto`` would pick (printed first).
 
     make bench-train            # or: python -m benchmarks.bench_train --steps 6 --chunks 256,512,1024
@@ -26,10 +28,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -190,12 +194,15 @@ def distill_config(params, device, max_length: int, chunk: int):
 
 
 def default_text(path: str, max_length: int) -> list[str]:
-    """``transfer.texts: heldout`` read from the SentEval data (data/raw, else the team mirror)."""
+    """``transfer.texts: heldout`` read from the SentEval data: data/raw, else $SENTEVAL_MIRROR (as the fetch
+    stage reads it), else the team mirror beside the checkout."""
     from sentcl.data.validation import load_tables
     from sentcl.training.data import transfer_texts
     from stages.common import RAW, SHARED_MIRROR
 
-    root = RAW if (RAW / "STS").is_dir() else SHARED_MIRROR
+    root = RAW if (RAW / "STS").is_dir() else Path(os.environ.get("SENTEVAL_MIRROR") or SHARED_MIRROR)
+    if not (root / "STS").is_dir():
+        raise SystemExit(f"bench-train: no SentEval data in {RAW} or {root} (set SENTEVAL_MIRROR)")
     pairs, nli, _ = load_tables(root, [])
     return transfer_texts("heldout", pairs, nli, root, AutoTokenizer.from_pretrained(path), max_length, log)
 
@@ -229,6 +236,7 @@ def measure(
 ) -> None:
     """Warm-up on the first batch, then every loop on each later batch in turn; one table."""
     times: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
     peaks: dict[str, int] = dict.fromkeys(loops, 0)
     saved = {name: saved_for_backward(lambda s=step: s(batches[0])) for name, step in loops.items()}
     for items in batches[1:]:
@@ -236,11 +244,12 @@ def measure(
             with PeakMemory(device) as memory:
                 if device.type == "cuda":
                     torch.cuda.synchronize()
-                start = time.perf_counter()
+                start, start_cpu = time.perf_counter(), time.process_time()
                 step(items)
                 if device.type == "cuda":
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
             peaks[name] = max(peaks[name], memory.peak)
     kind = "GPU allocated" if device.type == "cuda" else "RSS growth"
     padded = "sentcl fp32 padded"
@@ -250,7 +259,8 @@ def measure(
         versus = f"  x{rates[name] / rates[padded]:.3f} of padded" if padded in rates and name != peer else ""
         print(
             f"{name:24s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer{versus}  "
-            f"(median step {statistics.median(times[name]):.3f} s)  saved for backward "
+            f"(median step {statistics.median(times[name]):.3f} s, CPU {statistics.median(cpu[name]):.3f} s)  "
+            f"saved for backward "
             f"{saved[name] / 2**20:,.0f} MiB  peak {kind} {peaks[name] / 2**20:,.0f} MiB"
         )
 
@@ -267,7 +277,10 @@ def main() -> None:
     parser.add_argument("--only", choices=("distill", "contrastive"), help="time one of the two steps")
     parser.add_argument("--pool", type=int, default=3000, help="sentences the stand-in teacher encodes")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = select_device(args.device)
     path = resolve_model_path(args.model)
     chunks = [int(c) for c in args.chunks.split(",") if c]
@@ -295,6 +308,7 @@ def main() -> None:
             "sentcl bf16 padded": sentcl_step(path, setting(True, 0), texts),
         }
         measure("contrastive (SimCSE's work)", loops, batches, peer, device, args.batch_size)
+        del loops  # the trainers' models and optimizer states
 
     if args.only != "contrastive":
         from sentcl.training.objectives.distill import neighbour_groups
