@@ -1,21 +1,42 @@
-"""Training throughput of the ``transfer`` loop, in fp32 and in bf16, against a plain Hugging Face loop in fp32.
+"""Training throughput of the transfer loop against a plain Hugging Face loop in fp32, padded and in chunks.
 
-The peer is what a user would write with transformers alone, in fp32. Every loop takes the same batch of STS
-sentences, encodes it twice with dropout (SimCSE's views), mean-pools, computes NT-Xent, back-propagates and steps
-AdamW. The loops alternate (peer, sentcl fp32, sentcl bf16, peer, ...) so that a machine shared with other jobs
-slows all alike; each ratio is of median step times measured in this one run. ``bf16`` is forced here whatever
-``train.bf16: auto`` would pick on this machine (printed first): on a CPU without native bf16 it shows the cost.
+Two steps are timed, each on real batches of the default text (``transfer.texts: heldout``):
 
-    make bench-train            # or: python -m benchmarks.bench_train --batch-size 64 --steps 6
+- ``distill``: the default transfer's (``transfer.base`` + ``transfer.distillation``: each sentence with its 3
+  nearest teacher neighbours, 32 groups = 128 sentences, in-batch cosine MSE with the group weight, encoder
+  dropout off). The peer tokenizes the 128 sentences padded to the longest, mean-pools, computes the same
+  weighted MSE and steps AdamW. The teacher's vectors are data/teacher when the teacher stage has run, else the
+  student's own vectors stand in (neighbours and targets then come from them; a step's cost does not depend on
+  the values).
+- ``contrastive``: SimCSE's work as a user would write it with transformers alone (64 sentences, two forwards
+  with dropout, mean pool, NT-Xent, AdamW), and sentcl's transfer loop set to the same work.
+
+sentcl runs padded (``train.chunk_tokens: 0``, the whole batch padded to its longest sentence) and in
+length-sorted chunks of each ``--chunks`` size (``train.chunk_tokens``: at most that many padded tokens per
+forward). The loops alternate on the same batch at each step (peer, sentcl padded, sentcl chunks, ...) so that a
+machine shared with other jobs slows all alike; each ratio is of median step times measured in this one run.
+Memory: the activations autograd keeps for the backward pass (exact, from a separate untimed step), and the peak
+growth of resident memory during a timed step (CPU, sampled every 5 ms) or peak allocated memory (CUDA). The
+process's CPU seconds per step are printed beside the wall time: on a machine shared with other jobs, with
+``--threads 1``, they are the steadier measure of the work.
+``bf16`` is forced in one extra contrastive row whatever ``train.bf16: auto`` would pick (printed first).
+
+    make bench-train            # or: python -m benchmarks.bench_train --steps 6 --chunks 256,512,1024
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import statistics
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
+import numpy as np
 import psutil
 import torch
 import torch.nn.functional as F
@@ -23,16 +44,18 @@ from transformers import AutoModel, AutoTokenizer
 
 from sentcl.model.encoder import Encoder, resolve_model_path
 from sentcl.training.precision import cpu_has_native_bf16, use_bf16
-from sentcl.training.runtime import select_device
+from sentcl.training.runtime import BatchOrder, select_device
 from sentcl.training.trainer import Trainer
 from stages.common import load_params
 from stages.training import stage_config
-from stages.transfer import STAGE_KEYS
+from stages.transfer import STAGE_KEYS, transfer_config
+
+log = logging.getLogger("bench_train")
 
 
 class PeakMemory:
     """Peak GPU memory allocated (CUDA), or on CPU the peak growth of resident memory over the block's start
-    (sampled every 5 ms): both models live in this process, so their weights are left out of the CPU figure."""
+    (sampled every 5 ms): all models live in this process, so their weights are left out of the CPU figure."""
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.peak = device, 0
@@ -62,55 +85,185 @@ class PeakMemory:
             self.peak -= self._start
 
 
-def plain_loop(
-    model_path: str, sentences: list[str], device: torch.device, lr: float, t: float, max_length: int
-):
-    """What one would write with transformers alone: tokenize, two forwards, mean pool, NT-Xent, AdamW."""
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    model = AutoModel.from_pretrained(model_path).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+def saved_for_backward(step: Callable[[], Any]) -> int:
+    """Bytes of the tensors autograd saves for the backward pass during ``step``, parameters left out: the
+    activation memory, which is what padding inflates."""
+    storages: dict[int, int] = {}
 
-    def step() -> float:
-        batch = tokenizer(
-            sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt"
-        ).to(device)
-        mask = batch["attention_mask"].unsqueeze(-1).float()
-        views = []
-        for _ in range(2):
-            hidden = model(**batch).last_hidden_state
-            views.append((hidden * mask).sum(1) / mask.sum(1))
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if not isinstance(t, torch.nn.Parameter):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        step()
+    return sum(storages.values())
+
+
+# --- the peers: transformers alone, padded to the batch's longest sentence --------------------------------
+
+
+def _peer_model(model_path: str, device: torch.device, lr: float, dropout: bool):
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    model = AutoModel.from_pretrained(model_path).to(device).train(dropout)
+    return tokenizer, model, torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+
+
+def _mean_pool(model, tokenizer, sentences: list[str], device: torch.device, max_length: int) -> torch.Tensor:
+    batch = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    batch = batch.to(device)
+    mask = batch["attention_mask"].unsqueeze(-1).float()
+    return (model(**batch).last_hidden_state * mask).sum(1) / mask.sum(1)
+
+
+def _update(model, optimizer, loss: torch.Tensor) -> float:
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def plain_contrastive(model_path: str, device: torch.device, lr: float, t: float, max_length: int):
+    """What one would write with transformers alone: tokenize, two forwards, mean pool, NT-Xent, AdamW."""
+    tokenizer, model, optimizer = _peer_model(model_path, device, lr, dropout=True)
+
+    def step(sentences: list[str]) -> float:
+        views = [_mean_pool(model, tokenizer, sentences, device, max_length) for _ in range(2)]
         z = F.normalize(torch.cat(views), dim=-1)
         n = len(sentences)
         logits = z @ z.T / t
         logits.fill_diagonal_(float("-inf"))
-        loss = F.cross_entropy(logits, torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(device))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        return loss.item()
+        targets = torch.cat([torch.arange(n, 2 * n), torch.arange(n)]).to(device)
+        return _update(model, optimizer, F.cross_entropy(logits, targets))
 
     return step
 
 
-def ours(
-    model_path: str,
-    sentences: list[str],
-    device: torch.device,
-    lr: float,
-    t: float,
-    max_length: int,
-    bf16: bool,
+def plain_distill(
+    model_path: str, device: torch.device, lr: float, teacher, group_weight: float, max_length: int
 ):
+    """The default distillation with transformers alone: the groups' sentences in one padded forward, mean
+    pool, the in-batch cosine matrix regressed on the teacher's, a group's own entries weighing ``group_weight``."""
+    tokenizer, model, optimizer = _peer_model(model_path, device, lr, dropout=False)
+
+    def step(groups: list[tuple[str, ...]]) -> float:
+        sentences = [g[side] for side in range(len(groups[0])) for g in groups]
+        z = F.normalize(_mean_pool(model, tokenizer, sentences, device, max_length), dim=-1)
+        t = F.normalize(torch.from_numpy(teacher.lookup(sentences)).float().to(device), dim=-1)
+        group = torch.arange(len(sentences), device=device) % len(groups)
+        off = ~torch.eye(len(sentences), dtype=torch.bool, device=device)
+        weights = (1 + (group_weight - 1) * (group[:, None] == group[None, :]).float())[off]
+        loss = (weights * ((z @ z.T - t @ t.T) ** 2)[off]).sum() / weights.sum()
+        return _update(model, optimizer, loss)
+
+    return step
+
+
+# --- sentcl's trainer ------------------------------------------------------------------------------------
+
+
+def sentcl_step(model_path: str, config, examples: list, teacher=None):
     encoder = Encoder.from_pretrained(model_path)
+    trainer = Trainer(
+        encoder, config, examples, [("a", "b", 0.0), ("c", "d", 1.0)], progress=False, teacher=teacher
+    )
+    counter = iter(range(1, 10**6))
+    return lambda items: trainer.train_step(items, next(counter))
+
+
+def contrastive_config(
+    params, device, t: float, lr: float, batch: int, max_length: int, bf16: bool, chunk: int
+):
     # The peer's work: dropout as the only view, NT-Xent over both directions, every other setting params.yaml's.
     overrides = {"mode": "transfer", "objective": "contrastive", "loss": "nt_xent", "views": ("none", "none"), "encoder_dropout": True,
-                 "alpha": 1.0, "temperature": t, "lr": lr, "batch_size": len(sentences), "max_length": max_length,
-                 "steps": 10**6, "warmup_ratio": 0.0, "device": str(device), "bf16": bf16, "compile": False}  # fmt: skip
-    config = stage_config(load_params(), "transfer", overrides, "base", STAGE_KEYS)
-    trainer = Trainer(encoder, config, sentences, [("a", "b", 0.0), ("c", "d", 1.0)], progress=False)
-    counter = iter(range(1, 10**6))
-    return lambda: trainer.train_step(sentences, next(counter))
+                 "alpha": 1.0, "temperature": t, "lr": lr, "batch_size": batch, "max_length": max_length,
+                 "steps": 10**6, "warmup_ratio": 0.0, "device": str(device), "bf16": bf16, "compile": False,
+                 "chunk_tokens": chunk}  # fmt: skip
+    return stage_config(params, "transfer", overrides, "base", STAGE_KEYS)
+
+
+def distill_config(params, device, max_length: int, chunk: int):
+    # The default transfer's distillation as params.yaml has it; only the run length and precision pinned.
+    overrides = {"objective": "distill", "max_length": max_length, "steps": 10**6, "warmup_ratio": 0.0,
+                 "device": str(device), "bf16": False, "compile": False, "chunk_tokens": chunk}  # fmt: skip
+    return transfer_config(params, "base", overrides)
+
+
+# --- data ------------------------------------------------------------------------------------------------
+
+
+def default_text(path: str, max_length: int) -> list[str]:
+    """``transfer.texts: heldout`` read from the SentEval data: data/raw, else $SENTEVAL_MIRROR (as the fetch
+    stage reads it), else the team mirror beside the checkout."""
+    from sentcl.data.validation import load_tables
+    from sentcl.training.data import transfer_texts
+    from stages.common import RAW, SHARED_MIRROR
+
+    root = RAW if (RAW / "STS").is_dir() else Path(os.environ.get("SENTEVAL_MIRROR") or SHARED_MIRROR)
+    if not (root / "STS").is_dir():
+        raise SystemExit(f"bench-train: no SentEval data in {RAW} or {root} (set SENTEVAL_MIRROR)")
+    pairs, nli, _ = load_tables(root, [])
+    return transfer_texts("heldout", pairs, nli, root, AutoTokenizer.from_pretrained(path), max_length, log)
+
+
+def load_teacher(texts: list[str], path: str, pool: int, seed: int):
+    """(teacher, texts): data/teacher's vectors when they cover the text, else the student's own vectors of a
+    seeded ``pool`` of the text (encoding all of it would take longer than the benchmark)."""
+    from sentcl.model.teacher import TeacherError, TeacherVectors
+    from stages.transfer import TEACHER_VECTORS
+
+    try:
+        teacher = TeacherVectors.load_covering(TEACHER_VECTORS, texts)
+        print(f"teacher: {teacher.meta.get('model')} vectors from {TEACHER_VECTORS}")
+        return teacher, texts
+    except (TeacherError, OSError, KeyError, ValueError):
+        pass
+    from sentcl.model.fast_encode import FastEncoder
+
+    rng = np.random.default_rng(seed)
+    texts = [texts[i] for i in sorted(rng.choice(len(texts), size=min(pool, len(texts)), replace=False))]
+    vectors = FastEncoder(path, backend="torch")(texts)
+    print(f"teacher: no {TEACHER_VECTORS}; the student's own vectors of {len(texts)} sentences stand in")
+    return TeacherVectors(texts, vectors.astype(np.float16), {"model": "student"}), texts
+
+
+# --- the run ---------------------------------------------------------------------------------------------
+
+
+def measure(
+    title: str, loops: dict[str, Callable], batches: list[list], peer: str, device, unit: int
+) -> None:
+    """Warm-up on the first batch, then every loop on each later batch in turn; one table."""
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    cpu: dict[str, list[float]] = {name: [] for name in loops}
+    peaks: dict[str, int] = dict.fromkeys(loops, 0)
+    saved = {name: saved_for_backward(lambda s=step: s(batches[0])) for name, step in loops.items()}
+    for items in batches[1:]:
+        for name, step in loops.items():
+            with PeakMemory(device) as memory:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                start, start_cpu = time.perf_counter(), time.process_time()
+                step(items)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                times[name].append(time.perf_counter() - start)
+                cpu[name].append(time.process_time() - start_cpu)
+            peaks[name] = max(peaks[name], memory.peak)
+    kind = "GPU allocated" if device.type == "cuda" else "RSS growth"
+    padded = "sentcl fp32 padded"
+    rates = {name: unit / statistics.median(times[name]) for name in loops}
+    print(f"\n{title}: {unit} sentences a step, {len(batches) - 1} timed steps each")
+    for name in loops:
+        versus = f"  x{rates[name] / rates[padded]:.3f} of padded" if padded in rates and name != peer else ""
+        print(
+            f"{name:24s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer{versus}  "
+            f"(median step {statistics.median(times[name]):.3f} s, CPU {statistics.median(cpu[name]):.3f} s)  "
+            f"saved for backward "
+            f"{saved[name] / 2**20:,.0f} MiB  peak {kind} {peaks[name] / 2**20:,.0f} MiB"
+        )
 
 
 def main() -> None:
@@ -118,52 +271,69 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--model", default="all-MiniLM-L6-v2")
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="contrastive: sentences per step")
     parser.add_argument("--steps", type=int, default=6, help="timed steps per loop (after one warm-up step)")
     parser.add_argument("--max-length", type=int, default=64)
+    parser.add_argument("--chunks", default="256,512,1024", help="train.chunk_tokens values to time")
+    parser.add_argument("--only", choices=("distill", "contrastive"), help="time one of the two steps")
+    parser.add_argument("--pool", type=int, default=3000, help="sentences the stand-in teacher encodes")
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's own choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = select_device(args.device)
     path = resolve_model_path(args.model)
-    from sentcl.data.senteval import read_stsb
-    from stages.common import RAW, SHARED_MIRROR
-
-    root = RAW if (RAW / "STS").is_dir() else SHARED_MIRROR
-    pairs = read_stsb(root / "STS" / "STSBenchmark", "train")
-    sentences = [p.sentence1 for p in pairs[: args.batch_size]]
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    params, seed = load_params(), 0
+    texts = default_text(path, args.max_length)
     auto = use_bf16("auto", device)
     native = "" if device.type != "cpu" else f" (CPU native bf16: {'yes' if cpu_has_native_bf16() else 'no'})"
-    print(f"train.bf16: auto picks {'bf16' if auto else 'fp32'} on {device}{native}")
+    print(
+        f"train.bf16: auto picks {'bf16' if auto else 'fp32'} on {device}{native}; default text: {len(texts)}"
+    )
     peer = "plain HF fp32"
-    loops = {
-        peer: plain_loop(path, sentences, device, 3e-6, 0.05, args.max_length),
-        "sentcl fp32": ours(path, sentences, device, 3e-6, 0.05, args.max_length, bf16=False),
-        "sentcl bf16": ours(path, sentences, device, 3e-6, 0.05, args.max_length, bf16=True),
-    }
-    times: dict[str, list[float]] = {name: [] for name in loops}
-    peaks: dict[str, int] = dict.fromkeys(loops, 0)
-    for step in loops.values():
-        step()  # warm-up: allocator, kernels, lazy init
-    for _ in range(args.steps):
-        for name, step in loops.items():
-            with PeakMemory(device) as memory:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                start = time.perf_counter()
-                step()
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                times[name].append(time.perf_counter() - start)
-            peaks[name] = max(peaks[name], memory.peak)
-    kind = "GPU allocated" if device.type == "cuda" else "RSS growth during a step"
-    print(f"device {device}, batch {args.batch_size} sentences x 2 views, {args.steps} timed steps each")
-    rates = {name: args.batch_size / statistics.median(times[name]) for name in loops}
-    for name in loops:
-        print(
-            f"{name:14s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer  "
-            f"(median step {statistics.median(times[name]):.3f} s)  peak {kind} {peaks[name] / 2**20:,.0f} MiB"
-        )
-    print(f"ratios are throughput over the {peer} peer's; > 1 is faster")
+
+    if args.only != "distill":
+        lr, t = 3e-6, 0.05
+        order = BatchOrder(len(texts), args.batch_size, seed)
+        batches = [[texts[i] for i in order.indices(s)] for s in range(args.steps + 1)]
+
+        def setting(bf16: bool, c: int):
+            return contrastive_config(params, device, t, lr, args.batch_size, args.max_length, bf16, c)
+
+        loops = {
+            peer: plain_contrastive(path, device, lr, t, args.max_length),
+            "sentcl fp32 padded": sentcl_step(path, setting(False, 0), texts),
+            **{f"sentcl fp32 chunks {c}": sentcl_step(path, setting(False, c), texts) for c in chunks},
+            "sentcl bf16 padded": sentcl_step(path, setting(True, 0), texts),
+        }
+        measure("contrastive (SimCSE's work)", loops, batches, peer, device, args.batch_size)
+        del loops  # the trainers' models and optimizer states
+
+    if args.only != "contrastive":
+        from sentcl.training.objectives.distill import neighbour_groups
+
+        config = distill_config(params, device, args.max_length, 0)
+        teacher, pool = load_teacher(texts, path, args.pool, seed)
+        groups = neighbour_groups(pool, teacher, config.distill.neighbours)
+        order = BatchOrder(len(groups), config.batch_size, seed)
+        batches = [[groups[i] for i in order.indices(s)] for s in range(args.steps + 1)]
+        loops = {
+            peer: plain_distill(
+                path, device, config.lr, teacher, config.distill.group_weight, args.max_length
+            ),
+            "sentcl fp32 padded": sentcl_step(path, config, groups, teacher),
+            **{
+                f"sentcl fp32 chunks {c}": sentcl_step(
+                    path, distill_config(params, device, args.max_length, c), groups, teacher
+                )
+                for c in chunks
+            },
+        }
+        unit = config.batch_size * (config.distill.neighbours + 1)
+        measure("distill (the default transfer)", loops, batches, peer, device, unit)
+    print("\nratios are throughput over the peer's (or sentcl padded's); > 1 is faster")
 
 
 if __name__ == "__main__":

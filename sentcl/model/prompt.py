@@ -188,10 +188,27 @@ def prompt_pool(
 ) -> torch.Tensor:
     """Sentence vectors of rows from ``tokenize_prompt``: the [MASK] state, minus the template's delta when
     ``denoised``. ``model_kwargs`` reach the model (``inputs_embeds``, ...)."""
+    states = prompt_states(model, input_ids, attention_mask, template, **model_kwargs)
+    return denoise_batch(model, states, attention_mask, template) if denoised else states
+
+
+def prompt_states(
+    model: nn.Module,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    template: TemplateIds,
+    **model_kwargs,
+) -> torch.Tensor:
+    """The [MASK] state of each row, before denoising (training runs it on length-sorted chunks of a batch)."""
     output = model(input_ids=input_ids, attention_mask=attention_mask, **model_kwargs)
-    states = mask_states(output.last_hidden_state, input_ids, template.mask_token_id)
-    if not denoised:
-        return states
+    return mask_states(output.last_hidden_state, input_ids, template.mask_token_id)
+
+
+def denoise_batch(
+    model: nn.Module, states: torch.Tensor, attention_mask: torch.Tensor, template: TemplateIds
+) -> torch.Tensor:
+    """``states`` of a batch minus the delta of each row's sentence length, the deltas computed up to the
+    batch's longest sentence."""
     longest = int(sentence_lengths(attention_mask, template).max())
     return denoise(states, attention_mask, template, template_delta(model, template, longest))
 

@@ -69,6 +69,7 @@ class TrainConfig:
         bool | str
     )  # auto | true | false: bf16 autocast of the encoder's forward passes (sentcl.training.precision)
     compile: bool  # torch.compile the encoder in place (benchmarks/bench_compile.py measures whether it pays)
+    chunk_tokens: int  # encoder forwards in length-sorted chunks of this many padded tokens; 0 = off
 
     def __post_init__(self) -> None:
         if isinstance(self.view, dict):
@@ -170,6 +171,7 @@ class TrainConfig:
         need(self.min_delta >= 0, "min_delta", "not negative")
         need(self.save_steps >= 0, "save_steps", "not negative")
         need(str(self.bf16).lower() in BF16_SETTINGS, "bf16", f"one of {', '.join(BF16_SETTINGS)}")
+        need(self.chunk_tokens >= 0, "chunk_tokens", "not negative (0 = off)")
         if self.objective == "promptbert":
             need(self.mode != "joint", "objective", "not promptbert in joint mode (nli or transfer)")
             wanted = 2 if self.mode == "transfer" else 1

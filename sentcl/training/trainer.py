@@ -153,7 +153,12 @@ class Trainer:
             self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
         self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
         self.embed = Embedder(
-            self.encoder, config.view, self.generator, self.device, torch.bfloat16 if self.autocast else None
+            self.encoder,
+            config.view,
+            self.generator,
+            self.device,
+            torch.bfloat16 if self.autocast else None,
+            config.chunk_tokens,
         )
 
     # -- one optimizer step ----------------------------------------------------------------------------------

@@ -12,8 +12,9 @@ import torch
 from torch import nn
 
 from sentcl.model.pooling import PromptSettings, check_template
-from sentcl.model.prompt import PromptPooler
+from sentcl.model.prompt import PromptPooler, denoise_batch, prompt_states
 from sentcl.training.losses import MLPProjection, info_nce, sup_simcse
+from sentcl.training.objectives.chunks import run_in_chunks
 
 
 @dataclass
@@ -140,13 +141,24 @@ class PromptBERTObjective(nn.Module):
 
     def _pool(self, embed, pooler: PromptPooler, sentences: Sequence[str]) -> torch.Tensor:
         batch = pooler.tokenize(sentences)
-        enabled = embed.autocast_dtype is not None
-        with torch.autocast(embed.device.type, dtype=embed.autocast_dtype or torch.bfloat16, enabled=enabled):
-            return pooler(
-                embed.encoder.model,
-                batch["input_ids"].to(embed.device),
-                batch["attention_mask"].to(embed.device),
-            )
+        model = embed.encoder.model
+        input_ids, attention_mask = (
+            batch["input_ids"].to(embed.device),
+            batch["attention_mask"].to(embed.device),
+        )
+        chunks = embed.chunks(attention_mask)
+        with embed.autocast():
+            if chunks is None:
+                return pooler(model, input_ids, attention_mask)
+            # The [MASK] states in length-sorted chunks (train.chunk_tokens), the delta once for the batch.
+            template = pooler.template
+
+            def states(input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+                return prompt_states(model, input_ids, attention_mask, template)
+
+            tensors = {"input_ids": input_ids, "attention_mask": attention_mask}
+            z = run_in_chunks(states, model, chunks, tensors)
+            return denoise_batch(model, z, attention_mask, template) if pooler.settings.denoise else z
 
     def representations(self, embed, items: Sequence) -> dict[str, torch.Tensor]:
         if self.examples == "sentences":
