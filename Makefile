@@ -37,14 +37,14 @@ run: setup
 register: setup
 	$(VENV)/bin/dvc repro --force --single-item register
 
-# The fast tests, including a strict build of the documentation site (tests/test_docs.py).
+# The fast tests, including a strict build of the documentation site (tests/repo/test_docs.py).
 test: setup
 	$(PY) -m pytest -q
 
 test-all: setup
 	$(PY) -m pytest -q -m ''
 
-# The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it strictly (tests/test_docs.py).
+# The documentation site (docs/, mkdocs.yml) into site/; `make test` builds it strictly (tests/repo/test_docs.py).
 docs: setup
 	$(VENV)/bin/mkdocs build --strict
 

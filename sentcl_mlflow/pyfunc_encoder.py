@@ -8,7 +8,7 @@ sentence-transformers folder travels as the artifact ``encoder``; vectors equal
 
 A folder that carries prompt pooling (``sentcl_pooling.json``, PromptBERT) is served with it: the sentence in the
 template, the last-layer state at [MASK], minus the template's delta when denoised. That arithmetic is written out
-here again (this file must not import sentcl); tests/test_prompt.py checks it equals ``sentcl.model.prompt``.
+here again (this file must not import sentcl); tests/unit/training/test_prompt.py checks it equals ``sentcl.model.prompt``.
 """
 
 from __future__ import annotations

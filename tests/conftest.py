@@ -4,6 +4,7 @@ the training tests share; a module that needs another tiny model defines its own
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -33,3 +34,11 @@ def tiny_model(tmp_path_factory):
 def still_model(tmp_path_factory):
     """The same without dropout: the only randomness left is the views'."""
     return make_tiny_encoder(tmp_path_factory.mktemp("still"), dropout=0.0)
+
+
+def pytest_collection_modifyitems(items):
+    """Tests under tests/services start real servers (MLflow, Prefect, a DVC repository): marked ``services``,
+    so ``pytest -m "not services"`` runs the rest in a few minutes."""
+    for item in items:
+        if "services" in item.path.relative_to(Path(__file__).parent).parts[:1]:
+            item.add_marker(pytest.mark.services)

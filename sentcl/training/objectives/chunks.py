@@ -7,7 +7,7 @@ length, cuts them into chunks of at most ``max_tokens`` padded tokens (rows x th
 outputs back in batch order. Each chunk keeps its graph: the caller takes the loss over the whole batch and
 back-propagates once, so negatives, similarity matrix and views are the batch's; only the padded positions are gone.
 A padded key is masked out of attention exactly (its weight is 0), so a row's vector does not depend on the
-padding around it: chunked and padded forwards agree to float rounding (tests/test_chunks.py).
+padding around it: chunked and padded forwards agree to float rounding (tests/unit/training/test_chunks.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,73 @@
+"""The documentation site builds strictly (every page in the nav, every link and anchor valid), and the
+README stays what a newcomer reads first: short, narrow, and free of commit hashes (those live in the
+results log only)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.paths import ROOT
+
+# A commit hash as the docs would cite one: 7 to 40 hex digits with at least one letter and one digit.
+HASH = re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*[0-9])[0-9a-f]{7,40}\b")
+
+
+def _mkdocs() -> list[str]:
+    exe = Path(sys.executable).with_name("mkdocs")
+    if exe.exists():
+        return [str(exe)]
+    found = shutil.which("mkdocs")
+    if not found:
+        pytest.fail("mkdocs is not installed: pip install -c requirements.lock -e '.[dev]'")
+    return [found]
+
+
+def test_docs_site_builds_strictly(tmp_path):
+    out = subprocess.run(
+        [*_mkdocs(), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / "site" / "index.html").exists()
+    # drafts from other branches are never published
+    assert not (tmp_path / "site" / "_incoming").exists()
+
+
+def test_readme_is_short_and_narrow():
+    lines = (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 260, f"README.md has {len(lines)} lines; depth belongs in docs/"
+    wide = [i for i, line in enumerate(lines, 1) if len(line) > 120]
+    assert not wide, f"README.md lines over 120 characters: {wide}"
+
+
+def test_commit_hashes_only_in_the_results_log():
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    offenders = []
+    for page in pages:
+        if page.name == "results.md":
+            continue
+        for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
+            # sha256 digests in examples are not commits: skip lines that say so
+            if "sha256" in line:
+                continue
+            for match in HASH.findall(line):
+                offenders.append(f"{page.relative_to(ROOT)}:{i}: {match}")
+    assert not offenders, "commit hashes belong in docs/results.md only:\n" + "\n".join(offenders)
+
+
+def test_readme_links_into_the_docs_resolve():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert targets, "the README links into docs/"
+    missing = [t for t in targets if not (ROOT / t).exists()]
+    assert not missing, missing

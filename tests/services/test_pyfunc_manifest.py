@@ -1,0 +1,149 @@
+"""A direct ``mlflow.pyfunc.load_model`` of a registered sentcl model checks its own files.
+
+A tiny encoder is logged the way the export stage logs it (``runs.log_pyfunc_run``: sentcl_mlflow/pyfunc_encoder.py
+with sentcl_mlflow/pyfunc_checks.py in its code/) and registered (the manifest is recorded), in the session's
+scratch sqlite store. Then one file is changed, in a downloaded copy and in the store itself, and the model
+is loaded by MLflow alone, as any caller would: refused, before the changed weights are read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sentcl_mlflow import pyfunc_checks, runs, store
+from sentcl_mlflow.pyfunc_checks import ModelTamperedError
+from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.release import PYFUNC_MODEL
+from tests.services.test_registry import TABLE
+
+NAME = "pyfunc-manifest"
+ENCODER = "artifacts/tiny-bert"  # the artifact `encoder`, under its folder's name
+SENTENCES = ["a man is playing a guitar", "a dog is running"]
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_model):
+    import mlflow
+    from sentence_transformers import SentenceTransformer
+
+    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
+
+    store._configured = None
+    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)
+    run_id, model_uri = runs.log_pyfunc_run(
+        "export",
+        {"model": "tiny"},
+        {"stsb_dev": 1.0},
+        model_file=PYFUNC_MODEL,
+        artifacts={"encoder": tiny_model},
+        input_example=SENTENCES,
+        example_output=expected,
+        pip_requirements=["mlflow"],
+    )
+    digests = weight_file_digests(tiny_model)
+    version = register_candidate(
+        model_uri,
+        80.0,
+        TABLE,
+        name=NAME,
+        run_id=run_id,
+        tags={"weights_sha256": json.dumps(digests)},
+        weights_sha256=weights_fingerprint(digests),
+    )
+    uri = f"models:/{NAME}/{version}"
+    tags = mlflow.MlflowClient().get_model_version(NAME, version).tags
+    return {"uri": uri, "expected": expected, "manifest": json.loads(tags[pyfunc_checks.TAG_MANIFEST])}
+
+
+def test_the_manifest_covers_the_checks_the_model_carries(registered):
+    manifest = registered["manifest"]
+    assert {"MLmodel", "pyfunc_encoder.py", "code/pyfunc_checks.py"} <= set(manifest)
+    assert f"{ENCODER}/model.safetensors" in manifest
+
+
+def test_an_untouched_registered_model_loads_and_loads_again(registered):
+    import mlflow
+    import numpy as np
+
+    for _ in range(2):  # the second load finds Python's __pycache__ from the first: not a changed file
+        model = mlflow.pyfunc.load_model(registered["uri"])
+        np.testing.assert_allclose(model.predict(SENTENCES), registered["expected"], atol=1e-6)
+
+
+def test_a_changed_weight_file_in_a_downloaded_copy_is_refused_by_load_model(registered, tmp_path):
+    import mlflow
+
+    copy = Path(mlflow.artifacts.download_artifacts(registered["uri"], dst_path=str(tmp_path)))
+    weights = copy / ENCODER / "model.safetensors"
+    weights.write_bytes(b"not weights")  # loading these would fail in safetensors, not in the check
+    with pytest.raises(pyfunc_checks.ModelTamperedError) as refused:
+        mlflow.pyfunc.load_model(str(copy))
+    message = str(refused.value)
+    assert message == (
+        f"{registered['uri']}: {ENCODER}/model.safetensors changed since registration "
+        "(manifest sha256 mismatch); refusing to load it"
+    )
+    assert ModelTamperedError is pyfunc_checks.ModelTamperedError  # one error, whoever checks
+
+
+def test_a_file_changed_in_the_store_is_refused_by_a_direct_load(registered):
+    """The artifact store itself (here the local one, loaded in place by MLflow): an added tokenizer file."""
+    import mlflow
+
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))  # the store's own folder
+    planted = source / ENCODER / "added_tokens.json"
+    planted.write_text('{"[BAD]": 0}')
+    try:
+        with pytest.raises(
+            pyfunc_checks.ModelTamperedError, match="added_tokens.json added since registration"
+        ):
+            mlflow.pyfunc.load_model(registered["uri"])
+    finally:
+        planted.unlink()
+    mlflow.pyfunc.load_model(registered["uri"])  # as registered again: loads
+
+
+def test_a_model_loaded_without_this_repository_checks_itself_with_its_own_copy(registered, tmp_path):
+    """A process that cannot import sentcl_mlflow (a consumer's machine) uses code/pyfunc_checks.py."""
+    import mlflow
+
+    copy = Path(mlflow.artifacts.download_artifacts(registered["uri"], dst_path=str(tmp_path)))
+    (copy / ENCODER / "config.json").write_text("{}")
+    probe = (
+        "import sys; sys.modules['sentcl_mlflow'] = None; import mlflow\n"
+        f"try: mlflow.pyfunc.load_model({str(copy)!r})\n"
+        "except Exception as e: print(type(e).__module__, type(e).__name__, e)\n"
+        "else: print('loaded')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": ""}
+    out = subprocess.run(
+        [sys.executable, "-c", probe], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == (
+        f"pyfunc_checks ModelTamperedError {registered['uri']}: {ENCODER}/config.json changed since "
+        "registration (manifest sha256 mismatch); refusing to load it"
+    )
+
+
+def test_a_registered_copy_whose_registry_is_gone_is_not_loaded_unchecked(registered, tmp_path, monkeypatch):
+    import mlflow
+
+    copy = Path(mlflow.artifacts.download_artifacts(registered["uri"], dst_path=str(tmp_path / "m")))
+    empty = tmp_path / "other.db"
+    mlflow.set_tracking_uri(f"sqlite:///{empty}")
+    mlflow.set_registry_uri(f"sqlite:///{empty}")
+    try:
+        with pytest.raises(pyfunc_checks.ManifestUnavailableError, match="refusing to load it unchecked"):
+            mlflow.pyfunc.load_model(str(copy))
+    finally:
+        store._configured = None
+        store.client()  # back to the session's store
+    shutil.rmtree(copy)
