@@ -18,13 +18,12 @@ import hashlib
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, MODELS, load_params, offline_hub
+from stages.common import METRICS, MODELS, PROCESSED, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
 
@@ -56,8 +55,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--champion-candidate",
-        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); its domain score "
-        "is the champion's in the gate",
+        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); recorded only, "
+        "the gate scores the champion itself",
+    )
+    parser.add_argument(
+        "--processed",
+        type=Path,
+        default=PROCESSED,
+        help="folder with the validate stage's pairs.parquet: the gate scores both models on its dev splits",
     )
     parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
     args = parser.parse_args(argv)
@@ -75,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
         store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
     sts = json.loads(args.sts.read_text())
     folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
-    domain: dict[str, Any] | None = None
     tags = dict(value.partition("=")[::2] for value in args.tag)
     if args.domain_dev:
         try:
@@ -92,13 +96,6 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = release.best_existing_checkpoint(sts, folders, config.max_dev_drop)
     except LookupError as e:
         raise SystemExit(f"export: {e}") from None
-    if args.domain_dev and args.champion_candidate:
-        champ_name, _, champ_version = args.champion_candidate.partition("=")
-        domain = {
-            "challenger": sts[checkpoint]["domain_spearman"],
-            "champion": sts[champ_name]["domain_spearman"],
-            "champion_version": champ_version,
-        }
     beat_init, any_beat = release.beat_init_flags(checkpoint, args.train_metrics)
     try:
         info = release.build_release(
@@ -129,9 +126,10 @@ def main(argv: list[str] | None = None) -> int:
             inputs,
             tags,
             not args.no_gate,
-            domain,
+            args.domain_dev,  # the gate scores the candidate and the champion on it itself
             args.by,
             model_file=PYFUNC_MODEL,
+            dev_pairs=args.processed / "pairs.parquet",
         )
         summary.update(registry_summary(result))
     args.summary.parent.mkdir(parents=True, exist_ok=True)
