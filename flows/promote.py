@@ -4,6 +4,12 @@
     python -m flows.promote --version 7            # gate a given version
     python -m flows.promote --rollback --reason "bad answers on support tickets" [--by alice]
     python -m flows.promote --version 7 --force --by alice   # a rolled-back version (or its weights) again
+    python -m flows.promote --version 7 --domain-dev pairs.tsv  # a retrain's version, on its domain too
+
+Before ``champion`` moves the gate downloads the candidate and the champion, checks every file against the
+manifest recorded at registration (a changed file: one line, exit 2, the version tagged refused) and scores
+both itself on STS-B dev and SICK-R trial (``--processed``: the validate stage's pairs.parquet) and on the
+``--domain-dev`` pairs when given; it compares those numbers, never the score tags of a registration.
 
 With ``PREFECT_API_URL`` set (a Prefect server, as under `make serve`) the gate runs as a flow that holds the
 server-wide promotion slot; without it, it runs directly. Either way the gate takes the promotion lease in
@@ -19,6 +25,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -29,6 +36,7 @@ from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.registry.gate import promote, rollback
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
+from stages.common import PROCESSED
 
 TIMEOUT_S = flow_config().stage_timeout_s or None
 
@@ -62,19 +70,37 @@ def _quietly(call: Callable[[], Any]) -> Any:
         return Failed(message=f"{type(error).__name__}: {error}")
 
 
+def _dev_files(processed: str | None, domain_dev: str | None) -> dict[str, Path | None]:
+    """The gate's dev pairs: the validate stage's pairs.parquet (``processed``: another folder), a domain's."""
+    return {
+        "dev_pairs": Path(processed or PROCESSED) / "pairs.parquet",
+        "domain_dev": Path(domain_dev) if domain_dev else None,
+    }
+
+
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
 def promote_flow(
-    version: str | None = None, actor: str | None = None, model: str | None = None, force: bool = False
+    version: str | None = None,
+    actor: str | None = None,
+    model: str | None = None,
+    force: bool = False,
+    processed: str | None = None,
+    domain_dev: str | None = None,
 ) -> dict[str, Any]:
     with promotion_slot():
-        return promote(model, version=version, actor=actor, force=force)
+        return promote(model, version=version, actor=actor, force=force, **_dev_files(processed, domain_dev))
 
 
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
 def _promote_cli_flow(
-    version: str | None = None, actor: str | None = None, model: str | None = None, force: bool = False
+    version: str | None = None,
+    actor: str | None = None,
+    model: str | None = None,
+    force: bool = False,
+    processed: str | None = None,
+    domain_dev: str | None = None,
 ) -> Any:
-    return _quietly(lambda: promote_flow.fn(version, actor, model, force))
+    return _quietly(lambda: promote_flow.fn(version, actor, model, force, processed, domain_dev))
 
 
 @flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
@@ -122,6 +148,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="gate a rolled-back version (or the same weights) anyway; needs --by NAME. Score rules still apply",
     )
+    parser.add_argument(
+        "--processed", help="folder with the validate stage's pairs.parquet (default data/processed)"
+    )
+    parser.add_argument(
+        "--domain-dev", help="scored pairs (s1<TAB>s2<TAB>score): the gate scores both models on them too"
+    )
     args = parser.parse_args(argv)
     if args.force and not args.by:
         print("promote: --force needs the name of the person forcing it: --by NAME", file=sys.stderr)
@@ -138,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 rollback(args.model, actor=args.by, reason=args.reason)
         elif orchestrated:
-            _run_flow(_promote_cli_flow(args.version, args.by, args.model, args.force, return_state=True))
+            flow_args = (args.version, args.by, args.model, args.force, args.processed, args.domain_dev)
+            _run_flow(_promote_cli_flow(*flow_args, return_state=True))
         else:
-            promote(args.model, version=args.version, actor=args.by, force=args.force)
+            dev = _dev_files(args.processed, args.domain_dev)
+            promote(args.model, version=args.version, actor=args.by, force=args.force, **dev)
 
     with cli_errors("promote"):
         try:

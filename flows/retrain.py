@@ -340,7 +340,9 @@ def retrain(
     else:
         # The last run that beat its init holds the final weights (a later run that did not returned them).
         winner = [r for r in runs if r.get("beat_init")][-1]
-        gated = register_and_gate(init, init_name, winner, work, env, domain_dev, sha, trigger, raw)
+        gated = register_and_gate(
+            init, init_name, winner, work, env, domain_dev, sha, trigger, raw, processed
+        )
         result = {**base, **gated}
         result["status"] = "gated"
         print(describe(result))
@@ -381,6 +383,7 @@ def register_and_gate(
     sha: str,
     trigger: str,
     raw: str | None = None,
+    processed: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate the retrained model (and the init, unless its registered scores are known), export and gate."""
     stage, retrained = last["stage"], last["output"]
@@ -400,6 +403,7 @@ def register_and_gate(
     export_args += ["--tag", f"domain_text_sha256={sha}", "--tag", f"trigger={trigger}"]
     # Static int8 calibrates on what this run trained on (prepare_text wrote it), not on the pipeline's text.
     export_args += ["--calibration-text", str(work / "texts.txt"), "--data", str(raw or RAW)]
+    export_args += ["--processed", str(processed)] if processed else []  # the gate's dev pairs
     if domain_dev:
         export_args += ["--domain-dev", str(domain_dev)]
         if init["version"]:

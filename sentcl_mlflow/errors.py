@@ -28,6 +28,15 @@ class NoChampionError(LookupError):
     """Nothing is registered as champion (yet)."""
 
 
+class GateRefusedError(WeightsMismatchError):
+    """The gate refused a version before moving ``champion``: a file differs from the manifest recorded at
+    registration, or the download holds no model it can score. The version is tagged refused; nothing moved."""
+
+
+class GateDevSetError(LookupError):
+    """The dev pairs the gate scores models on are missing or empty (the validate stage has not run)."""
+
+
 class PromotionLockTimeout(TimeoutError):
     """Another promotion held the lease for longer than this gate was willing to wait."""
 
@@ -37,7 +46,7 @@ class PromotionLockTimeout(TimeoutError):
 TRANSIENT = (TrackingUnavailableError, PromotionLockTimeout)
 # Exit 2, the error's message is the line: what a person must fix or ask for (PromotionLeaseDenied is a
 # TrackingAuthError). A caller adds its own (a stage's BadInput, a flow's ServiceUnavailable).
-BAD_INPUT = (ParamsError, TrackingAuthError, NoChampionError, WeightsMismatchError)
+BAD_INPUT = (ParamsError, TrackingAuthError, NoChampionError, WeightsMismatchError, GateDevSetError)
 
 
 def _network_types() -> tuple[type[BaseException], ...]:

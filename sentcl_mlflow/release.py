@@ -23,16 +23,18 @@ def log_and_register(
     inputs: list[Path],
     tags: dict[str, str],
     gate: bool,
-    domain: dict[str, Any] | None = None,
+    domain_dev: Path | None = None,
     actor: str | None = None,
     *,
     model_file: Path,
+    dev_pairs: Path | None = None,
 ) -> dict[str, Any]:
     """Register the folder as ``challenger`` and run the gate, as one unit under the promotion lease.
 
     The MLflow run `export` (the folder as a pyfunc model served by ``model_file``) is logged only when no
     version of the model holds these weights yet (same sha256): the same weights are never registered twice,
-    whoever retries.
+    whoever retries. The gate scores the candidate and the champion itself on ``dev_pairs`` (the validate
+    stage's pairs.parquet) and ``domain_dev`` (the domain's scored pairs, when given).
     """
     from sentcl.model.encoder import load_folder_encoder
     from sentcl_mlflow import runs
@@ -86,7 +88,8 @@ def log_and_register(
         gate=gate,
         actor=actor,
         params=params,
-        domain=domain,
+        domain_dev=domain_dev,
+        dev_pairs=dev_pairs,
     )
     result: dict[str, Any] = {
         **outcome,

@@ -31,7 +31,7 @@ from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, MODELS, RAW, load_params, offline_hub
+from stages.common import METRICS, MODELS, PROCESSED, RAW, load_params, offline_hub
 
 OUTPUT = MODELS / "export"
 
@@ -80,8 +80,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--champion-candidate",
-        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); its domain score "
-        "is the champion's in the gate",
+        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); recorded only, "
+        "the gate scores the champion itself",
+    )
+    parser.add_argument(
+        "--processed",
+        type=Path,
+        default=PROCESSED,
+        help="folder with the validate stage's pairs.parquet: the gate scores both models on its dev splits",
     )
     parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
     parser.add_argument("--data", type=Path, default=RAW, help="SentEval folder the int8 graph is scored on")
@@ -109,7 +115,6 @@ def main(argv: list[str] | None = None) -> int:
         store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
     sts = json.loads(args.sts.read_text())
     folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
-    domain: dict[str, Any] | None = None
     tags = dict(value.partition("=")[::2] for value in args.tag)
     if args.domain_dev:
         try:
@@ -126,13 +131,6 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = release.best_existing_checkpoint(sts, folders, config.max_dev_drop)
     except LookupError as e:
         raise SystemExit(f"export: {e}") from None
-    if args.domain_dev and args.champion_candidate:
-        champ_name, _, champ_version = args.champion_candidate.partition("=")
-        domain = {
-            "challenger": sts[checkpoint]["domain_spearman"],
-            "champion": sts[champ_name]["domain_spearman"],
-            "champion_version": champ_version,
-        }
     beat_init, any_beat = release.beat_init_flags(checkpoint, args.train_metrics)
     calibration = None
     if quantize_config.int8_method == "static":
@@ -177,9 +175,10 @@ def main(argv: list[str] | None = None) -> int:
             inputs,
             tags,
             not args.no_gate,
-            domain,
+            args.domain_dev,  # the gate scores the candidate and the champion on it itself
             args.by,
             model_file=PYFUNC_MODEL,
+            dev_pairs=args.processed / "pairs.parquet",
         )
         summary.update(registry_summary(result))
     args.summary.parent.mkdir(parents=True, exist_ok=True)

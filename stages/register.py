@@ -20,7 +20,7 @@ from pathlib import Path
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, load_params, offline_hub
+from stages.common import METRICS, PROCESSED, load_params, offline_hub
 from stages.export import OUTPUT
 
 
@@ -32,6 +32,12 @@ def main(argv: list[str] | None = None) -> int:
         "--no-gate", action="store_true", help="register the challenger, leave champion alone"
     )
     parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
+    parser.add_argument(
+        "--processed",
+        type=Path,
+        default=PROCESSED,
+        help="folder with the validate stage's pairs.parquet: the gate scores both models on its dev splits",
+    )
     args = parser.parse_args(argv)
     offline_hub()
     from sentcl_mlflow import store
@@ -62,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             None,
             args.by,
             model_file=PYFUNC_MODEL,
+            dev_pairs=args.processed / "pairs.parquet",
         )
         summary = {"checkpoint": info["checkpoint"], **registry_summary(result)}
     args.summary.parent.mkdir(parents=True, exist_ok=True)

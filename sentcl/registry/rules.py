@@ -34,6 +34,10 @@ TAG_DEV = "dev_scores"  # JSON {guard: spearman} of DEV_GUARDS
 TAG_WEIGHTS = "weights.sha256"  # one digest over every weight file: the identity of "the same weights"
 TAG_STATE = "sentcl.state"  # registering -> ready; a version left at "registering" is unfinished
 TAG_ROLLED_BACK = "rolled_back"  # "true" on a demoted version: never promoted again without --force
+REFUSED = "refused"  # TAG_STATE of a version whose files failed the gate's check: never promoted, even forced
+TAG_REFUSED = "gate.refused"  # why the gate refused it (the file, or what could not be scored)
+# The gate decides on its own measurements (``gate_score_tags``: it downloads, verifies and scores each model);
+# the registrant's score tags above are kept for the record and never decide a promotion.
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,13 @@ def promotion_blocked(
     candidate_tags: Mapping[str, str], rolled_back_weights: set[str], forced_by: str | None
 ) -> str | None:
     """Why a version may not be promoted at all (it, or a version with the same weights, was rolled back),
-    or None. An explicit ``--force`` by a named person lifts the block."""
+    or None. An explicit ``--force`` by a named person lifts the rolled-back block, never a refusal: the files
+    of a refused version differ from what was registered."""
+    if candidate_tags.get(TAG_STATE) == REFUSED:
+        return (
+            f"the gate refused this version ({candidate_tags.get(TAG_REFUSED) or 'no reason recorded'}); "
+            "it is never promoted: register the model again"
+        )
     if forced_by:
         return None
     if str(candidate_tags.get(TAG_ROLLED_BACK, "")).lower() == "true":
@@ -183,6 +193,22 @@ def promotion_blocked(
             "promote them again only with --force --by NAME"
         )
     return None
+
+
+def gate_score_tags(scores: Scores, prefix: str = "gate.") -> dict[str, str]:
+    """The tags that record the gate's own measurement of a version: ``gate.stsb_dev``, ``gate.<guard>``
+    (``gate.sick_dev``), ``gate.domain_dev``; ``prefix`` "gate.champion_" for the champion it was compared with."""
+    stsb, guards, domain = scores
+    tags = {f"{prefix}stsb_dev": f"{stsb:.4f}"} if stsb is not None else {}
+    tags.update({f"{prefix}{guard}": f"{value:.4f}" for guard, value in sorted(guards.items())})
+    if domain is not None:
+        tags[f"{prefix}domain_dev"] = f"{domain:.4f}"
+    return tags
+
+
+def scores_text(scores: Scores) -> str:
+    """``stsb_dev 81.20, sick_dev 75.10, domain_dev 60.00``: a measurement in one log line."""
+    return ", ".join(f"{k.rpartition('.')[2]} {float(v):.2f}" for k, v in gate_score_tags(scores).items())
 
 
 def gate_decision(

@@ -8,7 +8,9 @@ package does the I/O around them, in an order that leaves nothing half-done that
 2. finish or clean up what an earlier, interrupted run left (versions tagged ``sentcl.state=registering``;
    ``versions.finish_unfinished``);
 3. register the candidate, unless a version with the same weights (sha256) exists: that one is reused;
-4. point ``challenger`` at it, run the gate, move ``champion`` and read it back, then write the gate's tags;
+4. point ``challenger`` at it, run the gate (it downloads and verifies the candidate and the champion against
+   their registration manifests and scores both itself: ``measure``), move ``champion`` and read it back, then
+   write the gate's tags;
 5. mark the version ``sentcl.state=ready``, release the lease (``gate.register_and_gate``).
 
 A kill between 3 and 5 leaves a version marked ``registering``: never promotable, deleted (or, if
@@ -18,6 +20,7 @@ A kill between 3 and 5 leaves a version marked ``registering``: never promotable
 - ``lease``: the promotion lease (``promotion_lock``);
 - ``versions``: registration under the lease, its manifest, cleanup of interrupted runs;
 - ``gate``: ``register_and_gate``, ``promote``, ``rollback``;
+- ``measure``: the gate's own verified download and dev-set scoring of a version;
 - ``download``: checked downloads of a registered version or an alias.
 
 This file imports nothing: import the module you need.

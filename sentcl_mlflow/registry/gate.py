@@ -1,15 +1,33 @@
-"""Register then gate under the promotion lease, the gate alone (``promote``), and ``rollback``."""
+"""Register then gate under the promotion lease, the gate alone (``promote``), and ``rollback``.
+
+Every path that moves ``champion`` first downloads the model it moves it to and checks every file against the
+manifest recorded at registration (``measure.verified_download``): a mismatch is one line
+(:class:`GateRefusedError`, exit 2), the version is tagged refused and nothing moves. The gate compares its own
+scores of the candidate and the champion (``measure``), never the score tags a registrant wrote.
+"""
 
 from __future__ import annotations
 
 import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry.rules import TAG_ROLLED_BACK, TAG_STATE, GateConfig, gate_decision, promotion_blocked
-from sentcl_mlflow.errors import NoChampionError
+from sentcl.registry.rules import (
+    REFUSED,
+    TAG_ROLLED_BACK,
+    TAG_STATE,
+    GateConfig,
+    gate_decision,
+    gate_score_tags,
+    promotion_blocked,
+    scores_text,
+)
+from sentcl_mlflow.errors import GateRefusedError, NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
+from sentcl_mlflow.registry.measure import DevSets, Scorer, dev_scorer, measure, verified_download
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
@@ -25,7 +43,6 @@ from sentcl_mlflow.registry.versions import (
     _rolled_back_weights,
     fail_orphaned_runs,
     finish_unfinished,
-    version_scores,
 )
 from sentcl_mlflow.store import caller_identity, client
 
@@ -41,6 +58,27 @@ def _note(note: str | None) -> str | None:
 
 def _who(identity: str, note: str | None) -> str:
     return f"{identity} (--by {note}, not verified)" if note else identity
+
+
+def _scorer(
+    params: Mapping[str, Any] | None,
+    dev_pairs: Path | str | None,
+    domain_dev: Path | str | None,
+    scorer: Scorer | None,
+) -> Callable[[], Scorer]:
+    """What scores the candidate and the champion, built only when the gate gets that far (a blocked or
+    unfinished version needs no dev pairs). ``scorer`` replaces the dev-set scoring (the verification stays)."""
+
+    def make() -> Scorer:
+        if scorer is not None:
+            return scorer
+        from sentcl_mlflow.store import load_params_file
+
+        dev = DevSets.load(dev_pairs, domain_dev)
+        print(f"gate: scoring on {dev.describe()} ({dev.source})")
+        return dev_scorer(dev, params if params is not None else load_params_file())
+
+    return make
 
 
 def register_candidate(
@@ -76,12 +114,16 @@ def register_and_gate(
     gate: bool = True,
     actor: str | None = None,
     params: Mapping[str, Any] | None = None,
-    domain: Mapping[str, Any] | None = None,
+    domain_dev: Path | str | None = None,
+    dev_pairs: Path | str | None = None,
+    scorer: Scorer | None = None,
 ) -> dict[str, Any]:
     """Register then gate, as one unit under the promotion lease (see the module's docstring).
 
     ``model_uri`` may be a function returning (model URI, run id), called only when a new version is needed
-    (no version of ``name`` has these weights yet)."""
+    (no version of ``name`` has these weights yet). The gate scores the candidate and the champion itself on
+    ``dev_pairs`` (default the validate stage's ``data/processed/pairs.parquet``) and on ``domain_dev`` (scored
+    pairs of the domain a retrain brought), never on the score tags of the registration."""
     config = gate_config(params)
     name = name or target_model_name(config)
     mlc = client()
@@ -93,8 +135,9 @@ def register_and_gate(
         )
         result: dict[str, Any] = {"model": name, "version": version, "created": created}
         if gate:
+            make_scorer = _scorer(params, dev_pairs, domain_dev, scorer)
             result["gate"] = _gate_locked(
-                mlc, name, version, config, (caller_identity(), _note(actor)), domain, False, True, lease
+                mlc, name, version, config, (caller_identity(), _note(actor)), make_scorer, False, True, lease
             )
         if created:
             mlc.set_model_version_tag(name, version, TAG_STATE, READY)
@@ -109,7 +152,7 @@ def _gate_locked(
     version: str | None,
     config: GateConfig,
     caller: tuple[str, str | None],
-    domain: Mapping[str, Any] | None,
+    make_scorer: Callable[[], Scorer],
     forced: bool,
     in_registration: bool,
     lease: Lease | None = None,
@@ -124,6 +167,7 @@ def _gate_locked(
     tags = cand.tags or {}
     champ = _version_or_none(mlc, name, CHAMPION)
     blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
+    measured_tags: dict[str, str] = {}
     if tags.get(TAG_STATE) == REGISTERING and not in_registration:
         promoted, reasons = False, [f"version {cand.version} is unfinished (an interrupted registration)"]
     elif champ is not None and str(champ.version) == str(cand.version):
@@ -141,23 +185,18 @@ def _gate_locked(
     elif blocked:
         promoted, reasons = False, [blocked]
     else:
-        cand_scores = version_scores(cand)
-        champ_scores = version_scores(champ) if champ is not None else None
-        if domain is not None and champ is not None:
-            if str(domain.get("champion_version")) == str(champ.version):
-                cand_scores = (cand_scores[0], cand_scores[1], float(domain["challenger"]))
-                champ_scores = (champ_scores[0], champ_scores[1], float(domain["champion"]))
-                promoted, reasons = gate_decision(cand_scores, champ_scores, config)
-            else:
-                promoted, reasons = (
-                    False,
-                    [
-                        f"champion changed to version {champ.version} since the domain scores were computed "
-                        f"against version {domain.get('champion_version')}; re-run the retrain"
-                    ],
-                )
-        else:  # domain scores from different dev sets are not comparable
-            promoted, reasons = gate_decision(cand_scores, champ_scores, config, use_domain=False)
+        # Downloaded and verified (a tampered file: refused, one line, nothing moves), then scored by the gate
+        # itself, both on the same pairs: a domain score counts only when a domain dev file was given.
+        measured = measure(mlc, name, [cand] + ([champ] if champ is not None else []), make_scorer())
+        cand_scores = measured[str(cand.version)]
+        champ_scores = measured[str(champ.version)] if champ is not None else None
+        promoted, reasons = gate_decision(cand_scores, champ_scores, config)
+        measured_tags = gate_score_tags(cand_scores)
+        own = f"the gate's scores: version {cand.version} {scores_text(cand_scores)}"
+        if champ_scores is not None:
+            measured_tags.update(gate_score_tags(champ_scores, "gate.champion_"))
+            own += f"; champion {champ.version} {scores_text(champ_scores)}"
+        reasons.append(own)
         if forced_by:
             reasons.append(f"forced by {forced_by}")
     if promoted:
@@ -187,6 +226,7 @@ def _gate_locked(
         gate_tags["gate.by_note"] = note  # --by: what the caller says, not verified
     if forced:
         gate_tags["gate.forced_by"] = identity
+    gate_tags.update(measured_tags)  # gate.stsb_dev, gate.sick_dev, gate.domain_dev, gate.champion_*
     for (
         key,
         value,
@@ -209,17 +249,19 @@ def promote(
     version: str | None = None,
     actor: str | None = None,
     params: Mapping[str, Any] | None = None,
-    domain: Mapping[str, Any] | None = None,
+    domain_dev: Path | str | None = None,
     force: bool = False,
+    dev_pairs: Path | str | None = None,
+    scorer: Scorer | None = None,
 ) -> dict[str, Any]:
     """Run the gate on ``version`` (default: the ``challenger`` alias) against ``champion``; print and tag.
 
     The champion is read after the lease is taken, so two gates cannot both promote against a stale champion.
-    ``domain`` = ``{"challenger": x, "champion": y, "champion_version": v}``: both models scored on the same
-    domain dev set; it only counts while ``v`` is still the champion. ``force`` (with a named ``actor``)
-    lifts the rolled-back block, never the score rules. ``actor`` (``--by``) is recorded as a note
-    (``gate.by_note``); who promoted is the authenticated account (``gate.by``, ``gate.forced_by``).
-    """
+    Both are downloaded, verified against their registration manifests and scored by the gate on ``dev_pairs``
+    (default data/processed/pairs.parquet) and ``domain_dev`` (a domain's scored pairs, when given).
+    ``force`` (with a named ``actor``) lifts the rolled-back block, never the score rules nor a refusal.
+    ``actor`` (``--by``) is recorded as a note (``gate.by_note``); who promoted is the authenticated account
+    (``gate.by``, ``gate.forced_by``). ``scorer`` replaces the dev-set scoring (Python callers only)."""
     if force and not actor:
         raise ValueError("--force needs the name of the person forcing it (--by NAME)")
     config = gate_config(params)
@@ -228,7 +270,8 @@ def promote(
     with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
         caller = (caller_identity(), _note(actor))
-        result = _gate_locked(mlc, name, version, config, caller, domain, force, False, lease)
+        make_scorer = _scorer(params, dev_pairs, domain_dev, scorer)
+        result = _gate_locked(mlc, name, version, config, caller, make_scorer, force, False, lease)
     print(format_decision(result))
     return result
 
@@ -261,6 +304,14 @@ def rollback(
         previous = (champ.tags or {}).get("previous_champion")
         if not previous:
             raise LookupError(f"champion version {champ.version} has no previous champion to roll back to")
+        if (mlc.get_model_version(name, previous).tags or {}).get(TAG_STATE) == REFUSED:
+            raise GateRefusedError(
+                f"rollback refused: {name} version {previous} was refused by the gate; champion not moved"
+            )
+        with tempfile.TemporaryDirectory(
+            prefix="sentcl-rollback-"
+        ) as tmp:  # its files, before it is champion
+            verified_download(mlc, name, str(previous), Path(tmp))
         stamp = _now()
         # Marked first: from here on no gate can promote it, whatever happens to the rest of this call.
         for key, value in {

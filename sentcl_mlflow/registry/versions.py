@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import (
+    REFUSED,
     TAG_ROLLED_BACK,
     TAG_STATE,
     TAG_STS,
     TAG_STSB_DEV,
     TAG_WEIGHTS,
-    scores_from_tags,
     version_weights,
     weight_file_digests,
     weights_fingerprint,
@@ -57,10 +57,6 @@ def fail_orphaned_runs(mlc: MlflowClient, lease: Lease) -> list[str]:
     return done
 
 
-def version_scores(version) -> tuple[float | None, dict[str, float], float | None]:  # noqa: ANN001
-    return scores_from_tags(version.tags)
-
-
 def _all_versions(mlc: MlflowClient, name: str) -> list:
     return list(mlc.search_model_versions(f"name='{name}'"))
 
@@ -87,7 +83,8 @@ def finish_unfinished(mlc: MlflowClient, name: str) -> list[str]:
 def _same_weights(mlc: MlflowClient, name: str, digest: str):
     for version in _all_versions(mlc, name):
         tags = version.tags or {}
-        if tags.get(TAG_STATE) != REGISTERING and version_weights(tags) == digest:
+        # A refused version (its files changed after registration) is not these weights any more: register anew.
+        if tags.get(TAG_STATE) not in (REGISTERING, REFUSED) and version_weights(tags) == digest:
             return version
     return None
 

@@ -21,10 +21,10 @@ import pytest
 
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import auth, store
-from sentcl_mlflow.errors import PromotionLockTimeout
+from sentcl_mlflow.errors import GateRefusedError, PromotionLockTimeout
 from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, ModelTamperedError
 from sentcl_mlflow.registry.download import download_verified
-from sentcl_mlflow.registry.gate import register_and_gate, register_candidate
+from sentcl_mlflow.registry.gate import promote, register_and_gate, register_candidate
 from sentcl_mlflow.registry.lease import (
     LEASE_SOURCE,
     LEASE_SUFFIX,
@@ -35,7 +35,7 @@ from sentcl_mlflow.registry.lease import (
 from sentcl_mlflow.registry.names import production_experiment, run_experiment
 from tests.paths import ROOT
 from tests.services.test_mlflow_outage import make_release
-from tests.services.test_registry import TABLE, free_port
+from tests.services.test_registry import TABLE, as_registered, free_port
 
 ADMIN = ("admin", "admin-secret-for-tests-1")
 GATE = ("sentcl-gate", "gate-secret-for-tests-1")
@@ -172,7 +172,9 @@ def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     params = {"registry": {**CONFIG.__dict__}}
-    first = register_and_gate(source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params)
+    first = register_and_gate(
+        source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params, scorer=as_registered
+    )
     assert first["gate"]["promoted"]
 
     as_user(monkeypatch, TEAM)
@@ -248,6 +250,20 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
     )
     assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert "pyfunc_encoder.py changed since registration" in out.stderr
+
+    # And the gate, as the gate's account (even forced), refuses to make it champion: one line, nothing moves.
+    before = mlc.get_model_version_by_alias(CONFIG.model_name, "champion").version
+    params = {"registry": {**CONFIG.__dict__}}
+    with pytest.raises(GateRefusedError, match=f"version {version}: .*pyfunc_encoder.py changed") as refused:
+        promote(CONFIG.model_name, version=version, params=params, scorer=as_registered)
+    assert "\n" not in str(refused.value)
+    forced = promote(
+        CONFIG.model_name, version=version, params=params, actor="eve", force=True, scorer=as_registered
+    )
+    assert not forced["promoted"] and "refused" in forced["reasons"][0]
+    assert mlc.get_model_version_by_alias(CONFIG.model_name, "champion").version == before
+    tags = mlc.get_model_version(CONFIG.model_name, version).tags
+    assert tags["sentcl.state"] == "refused" and "pyfunc_encoder.py changed" in tags["gate.refused"]
 
 
 def test_production_runs_are_written_by_the_gate_only(auth_server, monkeypatch, tmp_path):
@@ -617,6 +633,7 @@ def test_who_promoted_and_rolled_back_is_the_authenticated_account_and_by_is_a_n
             params=params,
             weights_sha256=f"{int(score) * 7919:064x}",
             actor="bob",
+            scorer=as_registered,
         )
         versions.append(result["version"])
     tags = mlc.get_model_version(CONFIG.model_name, versions[-1]).tags

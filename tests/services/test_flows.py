@@ -87,16 +87,18 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
 
     from flows.common import PROMOTION_LIMIT
     from flows.promote import promote_flow
+    from tests.tiny import make_tiny_encoder, write_tiny_processed
 
     mlc = store.client()
     run_id = mlc.create_run(store.experiment_id(mlc)).info.run_id
-    (scratch_store / "m").mkdir()
-    (scratch_store / "m" / "w.bin").write_bytes(b"w")
-    mlc.log_artifacts(run_id, str(scratch_store / "m"), "model")
+    model = make_tiny_encoder(scratch_store, "m")  # the gate downloads, verifies and scores it
+    mlc.log_artifacts(run_id, str(model), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
-    result = promote_flow(actor="ci", model="flow-test")
+    processed = write_tiny_processed(scratch_store / "processed")
+    result = promote_flow(actor="ci", model="flow-test", processed=str(processed))
     assert result["promoted"] and result["champion_after"] == "1"
+    assert "gate.stsb_dev" in mlc.get_model_version("flow-test", "1").tags
     with get_client(sync_client=True) as client:
         limit = client.read_global_concurrency_limit_by_name(PROMOTION_LIMIT)
     assert limit.limit == 1

@@ -194,3 +194,26 @@ def test_rolled_back_versions_and_their_weights_are_blocked_unless_forced_by_som
     # Versions registered before the fingerprint tag: derived from their per-file digests.
     legacy = {"weights_sha256": '{"model.safetensors": "' + "ab" * 32 + '"}'}
     assert version_weights(legacy) == digest
+
+
+def test_a_refused_version_is_blocked_even_when_forced():
+    from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE
+
+    refused = {TAG_STATE: REFUSED, TAG_REFUSED: "models:/m/3: MLmodel changed since registration"}
+    for forced_by in (None, "alice"):
+        reason = promotion_blocked(refused, set(), forced_by)
+        assert "refused" in reason and "MLmodel changed" in reason
+    assert promotion_blocked({TAG_STATE: "ready"}, set(), None) is None
+
+
+def test_the_gates_own_scores_become_gate_tags_and_one_log_text():
+    from sentcl.registry.rules import gate_score_tags, scores_text
+
+    scores = (81.234567, {"sick_dev": 75.1}, 60.0)
+    assert gate_score_tags(scores) == {
+        "gate.stsb_dev": "81.2346",
+        "gate.sick_dev": "75.1000",
+        "gate.domain_dev": "60.0000",
+    }
+    assert set(gate_score_tags((80.0, {}, None), "gate.champion_")) == {"gate.champion_stsb_dev"}
+    assert scores_text(scores) == "stsb_dev 81.23, sick_dev 75.10, domain_dev 60.00"
