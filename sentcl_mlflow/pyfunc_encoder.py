@@ -28,6 +28,13 @@ except ImportError:
     from pyfunc_checks import verify_loaded_model
 
 POOLING_FILE = "sentcl_pooling.json"  # sentcl/model/pooling.py
+INT8_GRAPH = (
+    "onnx/model_int8.onnx"  # sentcl/model/quantize.py INT8_FILE: the export's int8 copy, when it shipped
+)
+BACKENDS = (
+    "torch",
+    "int8",
+)  # predict(params={"backend": ...}); torch is the folder as sentence-transformers runs it
 
 
 class PromptEncoder:
@@ -101,6 +108,41 @@ class PromptEncoder:
         return out
 
 
+class Int8Encoder:
+    """The release's int8 ONNX graph (``onnx/model_int8.onnx``: ``input_ids``, ``attention_mask`` ->
+    ``sentence_embedding``, pooling inside the graph, as the export stage writes it) run by ONNX Runtime on the
+    folder's tokenizer, cut at the folder's ``max_seq_length``."""
+
+    def __init__(self, folder: str) -> None:
+        import onnxruntime as ort
+        from transformers import AutoTokenizer
+
+        graph = Path(folder) / INT8_GRAPH
+        if not graph.is_file():
+            raise ValueError(f"backend int8: this model has no {INT8_GRAPH} (the export did not ship one)")
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
+        config = Path(folder) / "sentence_bert_config.json"
+        self.max_length = (
+            json.loads(config.read_text()).get("max_seq_length", 512) if config.is_file() else 512
+        )
+        self.session = ort.InferenceSession(str(graph), providers=["CPUExecutionProvider"])
+        self.inputs = [i.name for i in self.session.get_inputs()]
+
+    def encode(self, sentences: list[str], batch_size: int = 64, **_: Any) -> np.ndarray:
+        parts = []
+        for start in range(0, len(sentences), batch_size):
+            batch = self.tokenizer(
+                sentences[start : start + batch_size],
+                padding=True,
+                truncation=True,
+                max_length=self.max_length,
+                return_tensors="np",
+            )
+            feeds = {name: batch[name].astype(np.int64) for name in self.inputs}
+            parts.append(self.session.run(["sentence_embedding"], feeds)[0])
+        return np.concatenate(parts) if parts else np.zeros((0, 0), np.float32)
+
+
 class SentenceEncoderModel(mlflow.pyfunc.PythonModel):
     # MLflow 3 checks `predict` for type hints when the class is created and, finding none, prints "Add type hints
     # to the `predict` method" in a way no warning filter reaches. It has none on purpose (below); this is
@@ -120,13 +162,27 @@ class SentenceEncoderModel(mlflow.pyfunc.PythonModel):
             from sentence_transformers import SentenceTransformer
 
             self.model = SentenceTransformer(folder)
+        self.folder, self.int8 = folder, None
 
     # No type hints here on purpose: MLflow 3 reads them as an input schema and would coerce the DataFrame that
     # `mlflow models serve` passes; the explicit signature logged with the model is the schema.
     def predict(self, context, model_input, params=None):  # noqa: ANN001, ANN201
         batch_size = int((params or {}).get("batch_size", 64))
+        backend = (params or {}).get("backend", "torch")
+        if backend not in BACKENDS:
+            raise mlflow.exceptions.MlflowException.invalid_parameter_value(
+                f"backend {backend!r} is not one of {', '.join(BACKENDS)}"
+            )
         sentences = _sentences(model_input)
-        return np.asarray(self.model.encode(sentences, batch_size=batch_size), dtype=np.float32)
+        model = self.model
+        if backend == "int8":
+            if self.int8 is None:
+                try:
+                    self.int8 = Int8Encoder(self.folder)
+                except ValueError as exc:
+                    raise mlflow.exceptions.MlflowException.invalid_parameter_value(str(exc)) from None
+            model = self.int8
+        return np.asarray(model.encode(sentences, batch_size=batch_size), dtype=np.float32)
 
 
 mlflow.models.set_model(SentenceEncoderModel())

@@ -110,7 +110,15 @@ def pip_requirements() -> list[str]:
 
     return [
         f"{name}=={version(name)}"
-        for name in ("mlflow", "sentence-transformers", "transformers", "torch", "numpy", "pandas")
+        for name in (
+            "mlflow",
+            "sentence-transformers",
+            "transformers",
+            "torch",
+            "numpy",
+            "pandas",
+            "onnxruntime",
+        )
     ]
 
 

@@ -320,7 +320,12 @@ def log_pyfunc_run(
     all_tags = run_tags(stage)
     all_tags.update({f"dvc.{k}": v for k, v in dvc_hashes(list(inputs or [])).items()})
     all_tags.update({k: str(v) for k, v in (tags or {}).items()})
-    signature = infer_signature(input_example, np.asarray(example_output, dtype=np.float32))
+    # The params a caller may pass to predict: batch size, and torch or the release's int8 graph.
+    signature = infer_signature(
+        input_example,
+        np.asarray(example_output, dtype=np.float32),
+        params={"batch_size": 64, "backend": "torch"},
+    )
     # Not `with mlflow.start_run()`: on an error its exit ends the run with MLflow's full request retries,
     # which against a dead server doubles the wait; _end_active_run gives it one short try instead.
     run = mlflow.start_run(

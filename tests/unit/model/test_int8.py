@@ -326,3 +326,45 @@ def test_evaluate_command_scores_the_int8_graph_and_params_keep_checkpoints_exac
     # the pipeline evaluates checkpoints, which have no int8 graph: params.yaml may not ask for it
     with pytest.raises(ParamsError, match="evaluate.backend 'int8' is not one of onnx, torch"):
         check_evaluate({"evaluate": {"backend": "int8"}})
+
+
+def test_the_served_model_encodes_with_the_int8_graph_when_asked(release, tmp_path):
+    """The pyfunc MLflow serves takes params {"backend": "int8"}: the release's int8 graph, close to but not the
+    torch vectors; an unknown backend, or int8 on a model that shipped none, is refused."""
+    import shutil
+
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from mlflow.models import infer_signature
+
+    from sentcl_mlflow import pyfunc_checks, pyfunc_encoder
+
+    def save(folder: Path, where: Path):
+        sentences = ["a dog runs", "a cat sleeps"]
+        signature = infer_signature(
+            sentences, np.zeros((2, 32), np.float32), params={"batch_size": 64, "backend": "torch"}
+        )
+        mlflow.pyfunc.save_model(
+            str(where),
+            python_model=pyfunc_encoder.__file__,
+            code_paths=[pyfunc_checks.__file__],
+            artifacts={"encoder": str(folder)},
+            signature=signature,
+        )
+        return mlflow.pyfunc.load_model(str(where))
+
+    sentences = tiny_sentences(20, seed=5)
+    model = save(release, tmp_path / "served")
+    torch_vectors = model.predict(sentences)
+    int8_vectors = model.predict(sentences, params={"backend": "int8"})
+    _, direct_int8 = _fp32_and_int8(release, sentences)
+    assert int8_vectors.shape == torch_vectors.shape == (20, 32)
+    assert np.allclose(int8_vectors, direct_int8, atol=1e-5)  # the graph the export shipped, nothing else
+    assert cosines(torch_vectors, int8_vectors).min() > 0.99 and not np.allclose(torch_vectors, int8_vectors)
+    with pytest.raises(MlflowException, match="backend 'fp16' is not one of torch, int8"):
+        model.predict(sentences, params={"backend": "fp16"})
+    without = tmp_path / "no-int8"
+    shutil.copytree(release, without)
+    (without / INT8_FILE).unlink()
+    with pytest.raises(MlflowException, match="no onnx/model_int8.onnx"):
+        save(without, tmp_path / "served-fp32").predict(sentences, params={"backend": "int8"})
