@@ -26,13 +26,7 @@ def build_objective(config: Any, dim: int, encoder: Encoder | None = None, teach
         if encoder is None:
             raise ValueError("the tsdae objective needs the encoder to build its decoder from")
         return TSDAE(encoder, config.deletion_ratio)
-    contrastive = Contrastive(
-        config.loss,
-        config.temperature,
-        config.views,
-        config.alpha,
-        MLPProjection(dim) if config.projection else None,
-    )
+    contrastive = _contrastive(config, dim, config.alpha)
     if config.mode == "transfer":
         return contrastive
     if config.mode == "joint":
@@ -68,13 +62,16 @@ def _distill(config: Any, dim: int, teacher: Any) -> Distill:
     if teacher is None:
         raise ValueError("objective distill needs the teacher's vectors (stages.teacher)")
     settings = config.distill
-    contrastive = None
-    if settings.contrastive > 0:
-        contrastive = Contrastive(
-            config.loss,
-            config.temperature,
-            config.views,
-            settings.contrastive,
-            MLPProjection(dim) if config.projection else None,
-        )
+    contrastive = _contrastive(config, dim, settings.contrastive) if settings.contrastive > 0 else None
     return Distill(settings, dim, teacher, contrastive)
+
+
+def _contrastive(config: Any, dim: int, alpha: float) -> Contrastive:
+    """The two-view contrastive term at weight ``alpha``: the transfer's own objective, or distillation's."""
+    return Contrastive(
+        config.loss,
+        config.temperature,
+        config.views,
+        alpha,
+        MLPProjection(dim) if config.projection else None,
+    )
