@@ -27,8 +27,8 @@ set, and STS-B dev becomes a guard that may not fall by more than ``registry.max
 ``--agreement`` (the teacher stage's ``agreement.tsv``: pairs among a held-out share of the domain text, scored by
 the teacher): selection as with ``--domain-dev``, on the student's Spearman agreement with the teacher; the
 record says ``selected_on: teacher_agreement`` and how many pairs and held-out sentences. A retrain without
-scored pairs uses it (flows/retrain.py). Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
-(``texts_truncated`` in the stage's metrics).
+scored pairs uses it (flows/retrain.py). Lines longer than ``model.max_length`` tokens are truncated, as the
+tokenizer does everywhere, and counted (``texts_truncated`` in the stage's metrics).
 """
 
 from __future__ import annotations
