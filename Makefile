@@ -79,8 +79,9 @@ BENCH_EMBED_ARGS ?=
 bench-embed: setup
 	$(PY) benchmarks/bench_embed.py $(BENCH_EMBED_ARGS)
 
-# Does a retrain pay on its domain? Held-out test Spearman and STS-B dev before/after per method, wall time, the
-# gate's rule; SICK by default (train sentences as text, trial pairs as dev, test pairs held out); --from
+# Does a retrain pay on its domain? Test Spearman on seen / unseen / mixed pairs and STS-B dev before/after per
+# method, labelled and label-free, wall time, the gate's rule; SICK split by sentence by default (one half as
+# text, dev pairs inside it, test pairs split by what each run trained on); --from
 # base|champion|DIR; --text --dev --test for any triple. Not part of `make run`; registers nothing.
 # make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
 BENCH_DOMAIN_ARGS ?=

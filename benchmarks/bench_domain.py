@@ -1,23 +1,31 @@
-"""Does a retrain pay on its domain? Held-out test Spearman and STS-B dev, before and after, per method.
+"""Does a retrain pay on its domain? Test Spearman on seen and unseen sentences, and STS-B dev, per method.
 
-A domain is a triple: unlabeled text (what the retrain reads), scored dev pairs (what its checkpoint selection
-reads, ``--domain-dev``) and scored test pairs that no run ever sees. The default triple is SICK from
-data/processed/pairs.parquet: the SICK-R train sentences as text, the trial (dev) pairs as dev, the test pairs
-held out (many test sentences also occur in the train text: the transductive setting ConSERT uses; the run
-prints how many). Each method is the real transfer stage, run as a subprocess with tracking off in a scratch
-folder; ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its output (the retrain
-flow's ``retrain.method`` values, sentcl.domain.RETRAIN_METHODS). Several ``--method`` run side by side, each
-from the same starting model.
+A domain is unlabeled text (what the retrain reads), scored dev pairs (what checkpoint selection reads with
+``--domain-dev``) and scored test pairs (read once per run, after training). The default is SICK-R from
+data/processed/pairs.parquet split by sentence (seeded, sentcl.data.sentence_split): all SICK sentences cut at
+random in two halves; the text is one half; the dev pairs are up to 500 scored SICK train/trial pairs with both
+sentences in the text half; the test pairs are SICK's test pairs. Every test score is split by the text each run
+actually trained on (sentcl.evaluation.seen): *seen* pairs (both sentences trained on: a transductive gain),
+*unseen* pairs (neither: what carries to new sentences) and *mixed*, each with its count.
+
+Each method runs twice, as the retrain flow would: *labelled* (``--domain-dev``: selection on the dev pairs,
+STS-B dev a guard) and *label-free* (no dev pairs: a distill method holds out ``retrain.heldout_share`` of the
+text before the teacher stage, never trained on, and selects on the student's agreement with the teacher on
+pairs among those sentences; another method selects on STS-B dev). The table says whether the label-free run
+selected the same step as the labelled one. Each run is the real transfer stage, run as a subprocess with
+tracking off in a scratch folder; ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its
+output (the retrain flow's ``retrain.method`` values). Several ``--method`` run side by side, each from the same
+starting model.
 
 ``distill`` and ``distill+contrastive`` learn from params ``teacher.model`` (``none``: one line, exit 2). The
-teacher stage encodes the text and the dev pairs once, and scores teacher and starting model on the dev pairs
+teacher stage encodes the text once per mode; with the dev pairs it scores teacher and starting model on them
 (both numbers printed and in the JSON, ``teacher``); where the teacher is not better by more than
 ``registry.min_delta`` the method is reported as skipped, untrained, as the retrain flow skips it.
 
 It starts from the base model (params ``model.name``) by default; ``--from champion`` downloads the registered
 champion (read only) and ``--from DIR`` takes a model folder. It registers nothing, in no store: the gate's
 decision is the registry's own rule (sentcl.registry.gate_decision, params ``registry:``) applied to the STS-B
-dev and domain dev scores before and after; the retrain flow's gate also checks every STS task.
+dev and selection-set scores before and after; the retrain flow's gate also checks every STS task.
 
     make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
     python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|champion|DIR
@@ -35,7 +43,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,71 +50,101 @@ import numpy as np
 import pandas as pd
 
 from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher, teacher_not_better
-from sentcl.evaluation.sts import STSEvaluator
+from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
+from sentcl.evaluation.benchmark import Subset
+from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
+from sentcl.evaluation.sts import STSEvaluator, cosine, spearman100
 from sentcl.params import ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
-from sentcl.training.data import stsb_dev
+from sentcl.training.agreement import AgreementConfig, hold_out
+from sentcl.training.data import read_seen, stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.training import fail, load_pairs, read_texts
+from stages.training import fail, load_pairs, read_texts, seen_file
 from stages.transfer import read_domain_dev
 
 METHODS = RETRAIN_METHODS  # params.yaml retrain.method picks one of these for the retrain flow
+MODES = ("labelled", "label-free")
 Pairs = list[tuple[str, str, float]]
-# The bar for a retrain that pays: held-out test up by this much, STS-B dev down by no more than that.
-GOAL_TEST_GAIN, GOAL_STSB_DROP = 1.5, 0.5
+DEV_PAIRS = 500  # the SICK split's dev pairs, at most
+# The bar for a retrain that pays: seen and unseen test pairs up by this much, STS-B dev down by no more than that.
+GOAL_TEST_GAIN, GOAL_STSB_DROP = 2.0, 0.5
 
 
-def sick_triple(pairs: pd.DataFrame) -> tuple[list[str], Pairs, Pairs]:
-    """SICK-R: the train pairs' unique sentences (sorted), the trial (dev) pairs, the test pairs."""
+def sick_split(pairs: pd.DataFrame, seed: int, limit: int = DEV_PAIRS) -> tuple[list[str], Pairs, Pairs]:
+    """SICK-R split by sentence: the text half (sorted), up to ``limit`` scored train/trial pairs inside it (not
+    test pairs) as dev, the test pairs."""
     sick = pairs[pairs.task == "SICK-R"]
 
-    def scored(split: str) -> Pairs:
-        part = sick[sick.split == split]
+    def scored(part: pd.DataFrame) -> Pairs:
         return list(zip(part.sentence1, part.sentence2, part.score.astype(float), strict=True))
 
-    train = sick[sick.split == "train"]
-    return sorted(set(train.sentence1) | set(train.sentence2)), scored("dev"), scored("test")
+    text, _ = split_sentences([*sick.sentence1, *sick.sentence2], seed)
+    test = scored(sick[sick.split == "test"])
+    dev = draw_dev_pairs(scored(sick[sick.split != "test"]), text, test, limit, seed)
+    return text, dev, test
 
 
 def write_tsv(pairs: Pairs, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(f"{a}\t{b}\t{score}\n" for a, b, score in pairs), encoding="utf-8")
     return path
 
 
-def score(model: str, sets: dict[str, Pairs], backend: str) -> dict[str, float]:
-    """Spearman x 100 of ``model`` on each set of pairs, every unique sentence encoded once (as evaluate does)."""
+def score(model: str, test: Pairs, sets: dict[str, Pairs], backend: str) -> dict[str, Any]:
+    """``model``'s cosines on the test pairs (``test_cosines``, split later by what each run trained on) and its
+    Spearman x 100 on each other set of pairs; every unique sentence encoded once (as evaluate does)."""
     from sentcl.model.fast_encode import FastEncoder
 
-    unique = sorted({s for pairs in sets.values() for a, b, _ in pairs for s in (a, b)})
+    every = [*test, *(p for pairs in sets.values() for p in pairs)]
+    unique = sorted({s for a, b, _ in every for s in (a, b)})
     vectors = FastEncoder(model, pooling="last-avg", backend=backend)(unique)
     index = {s: i for i, s in enumerate(unique)}
 
-    def encode(sentences: Sequence[str]) -> np.ndarray:
+    def encode(sentences: list[str]) -> np.ndarray:
         return vectors[[index[s] for s in sentences]]
 
-    return {name: round(STSEvaluator(pairs, name)(encode), 2) for name, pairs in sets.items()}
+    scores: dict[str, Any] = {name: round(STSEvaluator(p, name)(encode), 2) for name, p in sets.items() if p}
+    scores["test_cosines"] = cosine(encode([a for a, _, _ in test]), encode([b for _, b, _ in test]))
+    return scores
+
+
+def test_subset(test: Pairs) -> Subset:
+    return Subset(
+        "test", "test", *(tuple(p[i] for p in test) for i in (0, 1)), np.array([p[2] for p in test])
+    )
+
+
+def test_splits(test: Pairs, cosines: np.ndarray, trained: list[str]) -> dict[str, Any]:
+    """Test Spearman x 100 on all pairs and per split (seen / unseen / mixed relative to ``trained``)."""
+    subset = test_subset(test)
+    parts = split_scores([subset], [cosines], seen_keys(trained))["tasks"]["test"]
+    return {"all": round(spearman100(cosines, subset.gold), 2), **parts}
 
 
 def transfer(
-    init: str, objective: str, name: str, args: argparse.Namespace, text: str, dev: Path, work: Path
+    init: str, objective: str, name: str, args: argparse.Namespace, setting: dict[str, Any], work: Path
 ) -> tuple[Path, dict[str, Any], float]:
-    """One run of the transfer stage with ``--domain-dev``; returns its model folder, metrics and wall time."""
+    """One run of the transfer stage in ``setting`` (its text, selection flag and teacher); returns its model
+    folder, metrics and wall time."""
     output = work / name
     cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", args.recipe]
-    cmd += ["--texts", text, "--domain-dev", str(dev), "--objective", objective, "--output", str(output)]
+    cmd += ["--texts", setting["text"], "--objective", objective, "--output", str(output)]
+    cmd += [setting["flag"], setting["dev"]] if setting["flag"] else []
     cmd += ["--stage", name, "--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "ckpt")]
     cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
     # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
     steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
     cmd += ["--steps", str(steps)] if steps else []
     cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
-    cmd += ["--teacher-vectors", str(work / "teacher")] if objective == "distill" else []
+    cmd += ["--teacher-vectors", setting["teacher"]] if objective == "distill" else []
     print(f"bench-domain: {name}: {objective} from {init}", flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
     if done.returncode:
         raise SystemExit(f"bench-domain: the {name} run failed (exit {done.returncode}); its log is above")
     metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
+    # What it actually trained on (the stage's record, after --max-texts): what the test pairs are split by.
+    metrics["trained"] = read_seen(seen_file(name, work / "metrics"))
     return output, metrics, time.perf_counter() - start
 
 
@@ -115,19 +152,27 @@ def stage_env() -> dict[str, str]:
     return dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
-def check_teacher(
-    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, min_delta: float
-) -> dict[str, Any]:
-    """The teacher stage on the text and the dev pairs (``work/teacher``, what distill learns from), with the
-    starting model scored beside the teacher; ``nothing_to_distil``: the one line, when it is not better."""
+def teacher_stage(teacher: str, args: argparse.Namespace, text: str, output: Path, extra: list[str]) -> float:
+    """The teacher stage on ``text`` into ``output`` (what distill learns from); its wall seconds."""
     cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text, "--no-benchmark"]
-    cmd += ["--output", str(work / "teacher"), "--domain-dev", str(dev), "--student", init]
-    cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
-    print(f"bench-domain: teacher {teacher} on the text and the dev pairs", flush=True)
+    cmd += ["--output", str(output), *extra, "--processed", str(args.processed)]
+    cmd += ["--params", args.params] if args.params else []
+    print(f"bench-domain: teacher {teacher} -> {output.name}", flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
     if done.returncode:
         raise SystemExit(f"bench-domain: the teacher stage failed (exit {done.returncode}); its log is above")
+    return round(time.perf_counter() - start, 1)
+
+
+def check_teacher(
+    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, min_delta: float
+) -> dict[str, Any]:
+    """The teacher stage on the text and the dev pairs (``work/teacher``), with the starting model scored beside
+    the teacher; ``nothing_to_distil``: the one line, when it is not better."""
+    seconds = teacher_stage(
+        teacher, args, text, work / "teacher", ["--domain-dev", str(dev), "--student", init]
+    )
     scores = json.loads((work / "teacher" / "teacher.json").read_text())["domain_dev"]
     line = teacher_not_better(teacher, scores["teacher"], scores["student"], min_delta)
     print(
@@ -135,54 +180,93 @@ def check_teacher(
         + (f"; {line}" if line else ""),
         flush=True,
     )
-    seconds = round(time.perf_counter() - start, 1)
     return {"model": teacher, **scores, "nothing_to_distil": line, "wall_s": seconds}
 
 
-def table(before: dict[str, float], results: dict[str, dict[str, Any]]) -> str:
-    """Markdown: one column per method, each score with its change from the starting model."""
+def label_free_setting(
+    teacher: str, args: argparse.Namespace, texts: list[str], params: dict[str, Any], work: Path
+) -> dict[str, Any]:
+    """The flow without ``--domain-dev``: the held-out share set aside before the teacher stage, the teacher's
+    agreement pairs among it as the selection set (STS-B dev when too few sentences to hold out)."""
+    config = AgreementConfig.from_params(params)
+    train, held = hold_out(texts, config.heldout_share, config.heldout_max, params["seed"])
+    folder = work / "label-free"
+    text = write_text(train, folder / "text.txt")
+    extra = ["--heldout", str(write_text(held, folder / "heldout.txt"))] if held else []
+    seconds = teacher_stage(teacher, args, str(text), folder / "teacher", extra)
+    agreement = folder / "teacher" / "agreement.tsv"
+    print(f"bench-domain: label-free: {len(held):,} of {len(texts):,} sentences held out", flush=True)
+    return {
+        "text": str(text),
+        "flag": "--agreement" if held else None,
+        "dev": str(agreement) if held else None,
+        "selection": "teacher_agreement" if held else "stsb_dev",
+        "teacher": str(folder / "teacher"),
+        "heldout": len(held),
+        "teacher_wall_s": seconds,
+    }
+
+
+def cell(before: float | None, after: float | None, pairs: int | None = None) -> str:
+    n = f", {pairs:,} pairs" if pairs is not None else ""
+    if before is None or after is None:
+        return f"-{n}"
+    return f"{before:.2f} -> {after:.2f} ({after - before:+.2f}){n}"
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """Markdown: one column per method and mode, each score before -> after (change)."""
     names = list(results)
-    lines = ["| | before | " + " | ".join(names) + " |", "|---" * (len(names) + 2) + "|"]
-    for key, label in (
-        ("test", "held-out test Spearman"),
-        ("stsb_dev", "STS-B dev"),
-        ("domain_dev", "domain dev (selection)"),
-    ):
-        cells = [f"{r['after'][key]:.2f} ({r['after'][key] - before[key]:+.2f})" for r in results.values()]
-        lines.append(f"| {label} | {before[key]:.2f} | " + " | ".join(cells) + " |")
-    steps = [
-        "; ".join(f"{run['objective']} {run['best_step']}/{run['steps']}" for run in r["runs"])
-        for r in results.values()
-    ]
-    lines.append("| selected step / steps run | | " + " | ".join(steps) + " |")
-    lines.append("| train wall s | | " + " | ".join(f"{r['wall_s']:.0f}" for r in results.values()) + " |")
-    lines.append(
-        "| gate (STS-B dev + domain dev rules) | | "
-        + " | ".join(r["gate"]["decision"] for r in results.values())
-        + " |"
+    rows = list(results.values())
+    lines = ["| | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
+
+    def add(label: str, cells: list[str]) -> None:
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+
+    add("test, all pairs", [cell(r["before"]["test"]["all"], r["after"]["test"]["all"]) for r in rows])
+    for split in SPLITS:
+        add(
+            f"test, {split} pairs",
+            [
+                cell(
+                    r["before"]["test"][split]["spearman"],
+                    r["after"]["test"][split]["spearman"],
+                    r["after"]["test"][split]["pairs"],
+                )
+                for r in rows
+            ],
+        )
+    add("STS-B dev", [cell(r["before"]["stsb_dev"], r["after"]["stsb_dev"]) for r in rows])
+    add("selected on", [r["selected_on"] for r in rows])
+    add("selection set", [cell(r["before"].get("selection"), r["after"].get("selection")) for r in rows])
+    add(
+        "selected step / steps run",
+        ["; ".join(f"{x['objective']} {x['best_step']}/{x['steps']}" for x in r["runs"]) for r in rows],
     )
-    goal = [
-        "yes"
-        if r["after"]["test"] - before["test"] >= GOAL_TEST_GAIN
-        and r["after"]["stsb_dev"] - before["stsb_dev"] >= -GOAL_STSB_DROP
-        else "no"
-        for r in results.values()
-    ]
-    lines.append(
-        f"| test +{GOAL_TEST_GAIN}, STS-B dev -{GOAL_STSB_DROP} at most | | " + " | ".join(goal) + " |"
-    )
+    add("train wall s", [f"{r['wall_s']:.0f}" for r in rows])
+    add("gate (STS-B dev + selection set rules)", [r["gate"]["decision"] for r in rows])
+    add("same step as labelled", [{None: "", True: "yes", False: "no"}[r.get("same_choice")] for r in rows])
+    add(f"seen and unseen +{GOAL_TEST_GAIN}, STS-B dev -{GOAL_STSB_DROP} at most", [goal(r) for r in rows])
     return "\n".join(lines)
+
+
+def goal(r: dict[str, Any]) -> str:
+    gains = [
+        (r["after"]["test"][s]["spearman"] or 0.0) - (r["before"]["test"][s]["spearman"] or 0.0)
+        for s in ("seen", "unseen")
+        if r["after"]["test"][s]["spearman"] is not None
+    ]
+    stsb = r["after"]["stsb_dev"] - r["before"]["stsb_dev"] >= -GOAL_STSB_DROP
+    return "yes" if gains and min(gains) >= GOAL_TEST_GAIN and stsb else "no"
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument(
-        "--text", help="unlabeled domain text: file or folder (default: SICK train sentences)"
-    )
-    parser.add_argument("--dev", help="scored dev pairs, TSV (default: SICK trial pairs)")
-    parser.add_argument("--test", help="scored held-out test pairs, TSV (default: SICK test pairs)")
+    parser.add_argument("--text", help="unlabeled domain text: file or folder (default: the SICK text half)")
+    parser.add_argument("--dev", help="scored dev pairs, TSV (default: SICK pairs inside the text half)")
+    parser.add_argument("--test", help="scored test pairs, TSV (default: SICK test pairs)")
     parser.add_argument("--method", nargs="+", choices=list(METHODS), default=["contrastive"])
     parser.add_argument(
         "--from",
@@ -221,79 +305,119 @@ def main(argv: list[str] | None = None) -> int:
 
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="bench-domain-"))
     work.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
     try:
         init = starting_model(args.init, params, work)
-        sick_text, sick_dev, sick_test = (
-            sick_triple(pairs) if not (args.text and args.dev and args.test) else ([], [], [])
-        )
+        own = not (args.text and args.dev and args.test)
+        sick_text, sick_dev, sick_test = sick_split(pairs, params["seed"]) if own else ([], [], [])
         text_path = args.text or str(write_text(sick_text, work / "text.txt"))
         texts = read_texts(Path(text_path))
         dev = read_domain_dev(args.dev, "--dev") if args.dev else sick_dev
         test = read_domain_dev(args.test, "--test") if args.test else sick_test
         dev_path = Path(args.dev) if args.dev else write_tsv(dev, work / "dev.tsv")
-        test_sentences = {s for a, b, _ in test for s in (a, b)}
-        shared = len(test_sentences & set(texts))
+        labels = list(pair_splits(test_subset(test), seen_keys(texts)))
         print(
-            f"bench-domain: text {len(texts):,} sentences, dev {len(dev):,} pairs, test {len(test):,} pairs "
-            f"held out; {shared:,} of {len(test_sentences):,} test sentences also occur in the text"
-            + (" (transductive, as ConSERT)" if shared else ""),
+            f"bench-domain: text {len(texts):,} sentences, dev {len(dev):,} pairs, test {len(test):,} pairs: "
+            + ", ".join(f"{labels.count(s):,} {s}" for s in SPLITS)
+            + " relative to the text",
             flush=True,
         )
-        sets = {"test": test, "stsb_dev": stsb_dev(pairs), "domain_dev": dev}
-        before = score(init, sets, backend)
+        labelled = {"text": text_path, "flag": "--domain-dev", "dev": str(dev_path)}
+        labelled |= {"selection": "domain_dev", "teacher": str(work / "teacher")}
         checked = (
             check_teacher(teacher, init, args, text_path, dev_path, work, gate.min_delta) if teacher else None
         )
+        distils = teacher and not checked["nothing_to_distil"]
+        free = label_free_setting(teacher, args, texts, params, work) if distils else None
+        agreement = read_domain_dev(free["dev"], "--agreement") if free and free["dev"] else []
+        sets = {"stsb_dev": stsb_dev(pairs), "domain_dev": dev, "teacher_agreement": agreement}
+        before = score(init, test, sets, backend)
         results: dict[str, dict[str, Any]] = {}
         skipped: dict[str, str] = {}
-        # Runs by their chain of objectives from the init: tsdae+contrastive starts from the very run `tsdae`
-        # made (same init, text and settings: CPU training repeats bit for bit), so it is not trained twice;
-        # its wall time still counts the reused run.
+        # Runs by their setting and chain of objectives from the init: tsdae+contrastive starts from the very run
+        # `tsdae` made (same init, text and settings: CPU training repeats bit for bit), so it is not trained
+        # twice; its wall time still counts the reused run.
         finished: dict[tuple[str, ...], tuple[Path, dict[str, Any], float]] = {}
         for method in args.method:
             if checked and checked["nothing_to_distil"] and "distill" in METHODS[method]:
                 skipped[method] = checked["nothing_to_distil"]
                 print(f"bench-domain: {method}: skipped, untrained", flush=True)
                 continue
-            model, runs, wall = init, [], 0.0
-            for i, objective in enumerate(METHODS[method]):
-                chain = tuple(METHODS[method][: i + 1])
-                if chain not in finished:
-                    name = f"{method.replace('+', '-')}-{i}"
-                    finished[chain] = transfer(model, objective, name, args, text_path, dev_path, work)
-                else:
-                    print(f"bench-domain: {method}: reusing the {' then '.join(chain)} run", flush=True)
-                output, metrics, seconds = finished[chain]
-                model, wall = str(output), wall + seconds
-                runs.append({"objective": objective, **metrics})
-            after = score(model, sets, backend)
-            promote, reasons = gate_decision(
-                (after["stsb_dev"], {}, after["domain_dev"]),
-                (before["stsb_dev"], {}, before["domain_dev"]),
-                gate,
+            no_labels = (
+                free if "distill" in METHODS[method] else {"text": text_path, "flag": None, "dev": None}
             )
-            decision = "would promote" if promote else "would reject"
-            results[method] = {
-                "after": after,
-                "runs": runs,
-                "wall_s": round(wall, 1),
-                "gate": {"decision": decision, "reasons": reasons},
-            }
+            for mode, setting in zip(MODES, (labelled, no_labels), strict=True):
+                model, runs, wall, trained = init, [], 0.0, []
+                for i, objective in enumerate(METHODS[method]):
+                    chain = (mode, *METHODS[method][: i + 1])
+                    if chain not in finished:
+                        name = f"{mode}-{method.replace('+', '-')}-{i}"
+                        finished[chain] = transfer(model, objective, name, args, setting, work)
+                    else:
+                        print(f"bench-domain: {method} ({mode}): reusing the {' then '.join(chain[1:])} run")
+                    output, metrics, seconds = finished[chain]
+                    model, wall = str(output), wall + seconds
+                    runs.append(
+                        {"objective": objective, **{k: v for k, v in metrics.items() if k != "trained"}}
+                    )
+                    trained = sorted(set(trained) | set(metrics["trained"]))
+                after = score(model, test, sets, backend)
+                results[f"{method} {mode}"] = outcome(
+                    before, after, setting, (test, trained), runs, wall, gate
+                )
+            steps = [[r["best_step"] for r in results[f"{method} {m}"]["runs"]] for m in MODES]
+            results[f"{method} label-free"]["same_choice"] = steps[0] == steps[1]
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
 
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(f"\nbench-domain from {args.init} ({init}); load average {load}\n")
+    total = time.perf_counter() - started
+    print(f"\nbench-domain from {args.init} ({init}); {total:.0f} s wall; load average {load}\n")
     if results:
-        print(table(before, results))
+        print(table(results))
     for method, line in skipped.items():
         print(f"\n{method}: skipped: {line}")
     if args.json:
-        record = {"from": init, "before": before, "methods": results, "load_average": load}
-        record |= {"teacher": checked, "skipped": skipped} if checked else {}
+        record = {"from": init, "methods": results, "load_average": load, "wall_s": round(total, 1)}
+        record |= {"text": len(texts), "dev": len(dev), "test": len(test)}
+        record |= {"teacher": checked, "label_free": free, "skipped": skipped} if checked else {}
         Path(args.json).write_text(json.dumps(record, indent=2) + "\n")
     return 0
+
+
+def outcome(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    setting: dict[str, Any],
+    test: tuple[Pairs, list[str]],
+    runs: list[dict[str, Any]],
+    wall: float,
+    gate: GateConfig,
+) -> dict[str, Any]:
+    """One run's before and after: the test split by what it trained on, STS-B dev, its selection set (what the
+    gate compares beside STS-B dev, as the flow's gate does)."""
+    selection, (pairs, trained) = setting.get("selection", "stsb_dev"), test
+
+    def view(scores: dict[str, Any]) -> dict[str, Any]:
+        row = {
+            "test": test_splits(pairs, scores["test_cosines"], trained),
+            "stsb_dev": scores["stsb_dev"],
+        }
+        return row | ({"selection": scores[selection]} if selection != "stsb_dev" else {})
+
+    b, a = view(before), view(after)
+    promote, reasons = gate_decision(
+        (a["stsb_dev"], {}, a.get("selection")), (b["stsb_dev"], {}, b.get("selection")), gate
+    )
+    return {
+        "before": b,
+        "after": a,
+        "selected_on": selection,
+        "runs": runs,
+        "wall_s": round(wall, 1),
+        "gate": {"decision": "would promote" if promote else "would reject", "reasons": reasons},
+    }
 
 
 def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
@@ -317,6 +441,7 @@ def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
 
 
 def write_text(sentences: list[str], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(s + "\n" for s in sentences), encoding="utf-8")
     return path
 

@@ -21,7 +21,10 @@ A distill method learns from params ``teacher.model`` (``none`` with a distill m
 any work). The teacher stage encodes the domain text and the ``--domain-dev`` pairs into the work folder and scores
 teacher and student (the init) on those pairs; a teacher not better by more than ``registry.min_delta`` is said in
 one line and nothing is trained or registered (the inbox is archived, as on "no gain"): there is nothing to learn
-from it. Without ``--domain-dev`` the teacher cannot be checked: the run says so and distils.
+from it. Without ``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set
+aside before the teacher stage, never trained on: selection and the gate read the student's agreement with the
+teacher on pairs among those sentences (sentcl.training.agreement; STS-B dev a guard). The summary's
+``selected_on``: ``domain_dev``, ``teacher_agreement`` or ``stsb_dev`` (other methods without ``--domain-dev``).
 
 Every step is a stage run as a subprocess (stages.transfer, stages.evaluate, stages.export) so that the
 flow adds orchestration only. Work files go to ``runs/retrain/<time>-<sha8>-<random>/`` (two runs on the same
@@ -69,6 +72,7 @@ from sentcl.data.domain import (
 )
 from sentcl.params import ParamsError
 from sentcl.registry.rules import DEV_GUARDS, GateConfig
+from sentcl.training.agreement import AgreementConfig, hold_out_file
 from stages.common import PROCESSED, RAW, ROOT, load_params
 
 RUNS = ROOT / "runs" / "retrain"
@@ -84,10 +88,6 @@ def work_folder(sha: str) -> Path:
     """``runs/retrain/<time>-<sha8>-<random>``: the random part keeps two runs on the same text (a retry, an
     event and the nightly run) out of each other's folder."""
     return RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}-{uuid.uuid4().hex[:8]}"
-
-
-def ignore(_: str) -> None:
-    pass
 
 
 @task(cache_policy=NO_CACHE)
@@ -139,7 +139,7 @@ def prepare_text(
         lambda s: len(tokenizer(s, add_special_tokens=True, verbose=False)["input_ids"]),
         max_tokens,
         files=files,
-        warn=ignore,  # check_text said it already
+        warn=lambda _line: None,  # check_text said it already
     )
     if text.too_long:
         print(
@@ -178,6 +178,7 @@ def teacher_vectors(
     cmd += (
         ["--domain-dev", str(options["domain_dev"]), "--student", init] if options.get("domain_dev") else []
     )
+    cmd += ["--heldout", str(options["heldout"])] if options.get("heldout") else []
     cmd += ["--params", str(options["params"])] if options.get("params") else []
     run_stage(cmd, env=env)
     return json.loads((output / "teacher.json").read_text())
@@ -199,7 +200,7 @@ def transfer(
     options: dict[str, Any],
 ) -> dict[str, Any]:
     """One transfer run (``objective`` from ``init``); its model folder and its training record.
-    ``options``: steps, domain_dev, params, processed, teacher_vectors (None: the stage's defaults)."""
+    ``options``: steps, domain_dev, agreement, params, processed, teacher_vectors (None: the stage's defaults)."""
     output = work / "models" / stage
     cmd = [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
     cmd += ["--stage", stage, "--objective", objective, "--metrics-dir", str(work / "metrics")]
@@ -207,6 +208,7 @@ def transfer(
     cmd += ["--processed", str(options.get("processed") or PROCESSED)]
     cmd += ["--steps", str(options["steps"])] if options.get("steps") else []
     cmd += ["--domain-dev", str(options["domain_dev"])] if options.get("domain_dev") else []
+    cmd += ["--agreement", str(options["agreement"])] if options.get("agreement") else []
     cmd += ["--params", str(options["params"])] if options.get("params") else []
     if objective == "distill":
         cmd += ["--teacher-vectors", str(options["teacher_vectors"])]
@@ -313,12 +315,24 @@ def retrain(
         "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
         "work_dir": str(work),
         "domain_text_sha256": sha,
+        "selected_on": "domain_dev" if domain_dev else "stsb_dev",
     }
+    if teacher and not domain_dev:  # no labels: hold out a share before the teacher reads the text
+        kept, held = hold_out_file(
+            Path(text["path"]), work / "heldout.txt", AgreementConfig.from_params(settings), settings["seed"]
+        )
+        base["heldout"] = {"sentences": held, "trained_on": kept, "agreement_pairs": 0}
+        options["heldout"] = str(work / "heldout.txt") if held else None
+        print(f"retrain: no --domain-dev: {held} of {kept + held} sentences held out, never trained on")
     if teacher:
         base["teacher"] = check_teacher(teacher, text["path"], init["folder"], work, env, options, settings)
         if base["teacher"].get("nothing_to_distil"):
             result = {**base, "status": "teacher not better", "registered_version": None}
             return finish(result, files, work, keep=keep or not own_work)
+        if base["teacher"].get("agreement"):
+            options["agreement"] = str(work / "teacher" / base["teacher"]["agreement"]["file"])
+            base["heldout"]["agreement_pairs"] = base["teacher"]["agreement"]["pairs"]
+            base["selected_on"] = "teacher_agreement"
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
         run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, options)
@@ -340,9 +354,8 @@ def retrain(
     else:
         # The last run that beat its init holds the final weights (a later run that did not returned them).
         winner = [r for r in runs if r.get("beat_init")][-1]
-        gated = register_and_gate(
-            init, init_name, winner, work, env, domain_dev, sha, trigger, raw, processed
-        )
+        dev = domain_dev or options.get("agreement")  # the gate compares on what selection read
+        gated = register_and_gate(init, init_name, winner, work, env, dev, sha, trigger, raw, processed)
         result = {**base, **gated}
         result["status"] = "gated"
         print(describe(result))
@@ -364,7 +377,7 @@ def check_teacher(
     scores = record.get("domain_dev")
     if scores is None:
         print(f"retrain: no --domain-dev pairs: teacher {teacher} is not checked against the student")
-        return {"model": teacher}
+        return {"model": teacher, **({"agreement": record["agreement"]} if "agreement" in record else {})}
     line = teacher_not_better(
         teacher, scores["teacher"], scores["student"], GateConfig.from_params(settings).min_delta
     )

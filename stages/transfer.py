@@ -24,8 +24,11 @@ params ``train.prompt``), and the output folder carries its prompt pooling (``se
 
 ``--domain-dev`` (tab-separated sentence1, sentence2, score): checkpoint selection uses the domain's own dev
 set, and STS-B dev becomes a guard that may not fall by more than ``registry.max_dev_drop`` below the init.
-Lines longer than ``model.max_length`` tokens are truncated, as the tokenizer does everywhere, and counted
-(``texts_truncated`` in the stage's metrics).
+``--agreement`` (the teacher stage's ``agreement.tsv``: pairs among a held-out share of the domain text, scored by
+the teacher): selection as with ``--domain-dev``, on the student's Spearman agreement with the teacher; the
+record says ``selected_on: teacher_agreement`` and how many pairs and held-out sentences. A retrain without
+scored pairs uses it (flows/retrain.py). Lines longer than ``model.max_length`` tokens are truncated, as the
+tokenizer does everywhere, and counted (``texts_truncated`` in the stage's metrics).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from sentcl.model.encoder import resolve_model_path
 from sentcl.model.teacher import TeacherError, TeacherVectors
 from sentcl.training import data as training_data
 from sentcl.training import recipes
+from sentcl.training.agreement import agreement_summary
 from sentcl.training.config import TRANSFER_OBJECTIVES, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl.training.recipes import PRESETS
@@ -104,7 +108,13 @@ def main(argv: list[str] | None = None) -> None:
         "--domain-dev",
         help="scored pairs sentence1<TAB>sentence2<TAB>score: select on them, STS-B dev as a guard",
     )
+    parser.add_argument(
+        "--agreement",
+        help="teacher-scored pairs among held-out text (agreement.tsv): select on them, STS-B dev as a guard",
+    )
     args = parser.parse_args(argv)
+    if args.domain_dev and args.agreement:
+        fail("transfer: --domain-dev and --agreement: give one (scored pairs win; the flow passes one)")
     training.setup_logging()
     params = load_params(Path(args.params) if args.params else None)
     section = params.get("transfer", {})
@@ -116,7 +126,11 @@ def main(argv: list[str] | None = None) -> None:
     offline_hub()
     if problem := missing_model(resolve_model_path(init)):
         fail(f"transfer: --init {problem}")
-    domain_dev = read_domain_dev(args.domain_dev) if args.domain_dev else None
+    dev_file = args.domain_dev or args.agreement
+    domain_dev = (
+        read_domain_dev(dev_file, "--domain-dev" if args.domain_dev else "--agreement") if dev_file else None
+    )
+    summary = agreement_summary(domain_dev) if args.agreement else {}
     processed, raw, choice = Path(args.processed), Path(args.raw), args.texts or section["texts"]
     pairs, nli = training.load_pairs(processed), training.load_nli(processed)
     max_texts = args.max_texts if args.max_texts is not None else section["max_texts"]
@@ -127,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     except (training_data.TextChoiceError, DomainTextError) as exc:
         fail(str(exc))
     inputs = [processed] + ([Path(choice)] if Path(choice).exists() else [])
-    inputs += [Path(args.domain_dev)] if args.domain_dev else []
+    inputs += [Path(dev_file)] if dev_file else []
     training.run_stage(
         stage,
         config,
@@ -140,7 +154,7 @@ def main(argv: list[str] | None = None) -> None:
         *training.records_dirs(args),
         domain_dev=domain_dev,
         max_task_drop=float(params["registry"]["max_dev_drop"]) if domain_dev else None,
-        summary={"texts_truncated": truncated},
+        summary={"texts_truncated": truncated, **summary},
         teacher=teacher,
     )
 

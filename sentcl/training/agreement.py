@@ -17,11 +17,12 @@ import hashlib
 import random as _random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from sentcl.data.domain import RETRAIN_KEYS
+from sentcl.data.domain import RETRAIN_KEYS, write_sentences
 from sentcl.params import ParamsError, read_section, real_number, whole_number
 from sentcl.training.objectives.distill import nearest_neighbours
 
@@ -87,3 +88,28 @@ def agreement_pairs(
         others = [j for j in rng.sample(range(n), min(n, random + 1)) if j != i][:random]
         found |= {(min(i, j), max(i, j)) for j in others}
     return sorted((sentences[i], sentences[j], float(x[i] @ x[j])) for i, j in found)
+
+
+def hold_out_file(texts: Path, heldout: Path, config: AgreementConfig, seed: int) -> tuple[int, int]:
+    """Set the held-out share of the text file ``texts`` aside before anything reads it: ``texts`` is rewritten
+    with the rest (what the teacher encodes and the student trains on), ``heldout`` gets the held-out sentences
+    (removed when none: under 20 sentences). Returns (training sentences, held-out sentences)."""
+    sentences = texts.read_text(encoding="utf-8").splitlines()
+    train, held = hold_out(sentences, config.heldout_share, config.heldout_max, seed)
+    write_sentences(train, texts)
+    if held:
+        write_sentences(held, heldout)
+    else:
+        heldout.unlink(missing_ok=True)
+    return len(train), len(held)
+
+
+def agreement_summary(pairs: Sequence[tuple[str, str, float]]) -> dict[str, Any]:
+    """What a training record says of a selection on teacher agreement: the pairs and the held-out sentences
+    they are built from (every held-out sentence is in at least one pair: it has at least one neighbour)."""
+    sentences = {s for a, b, _ in pairs for s in (a, b)}
+    return {
+        "selected_on": "teacher_agreement",
+        "agreement_pairs": len(pairs),
+        "heldout_sentences": len(sentences),
+    }

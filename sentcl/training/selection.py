@@ -25,7 +25,7 @@ class TrainResult:
         return self.best_step > 0
 
     def metrics(self) -> dict[str, Any]:
-        domain = {}
+        domain: dict[str, Any] = {"selected_on": "stsb_dev"}
         if self.domain_init is not None:
             domain = {
                 "selected_on": "domain_dev",

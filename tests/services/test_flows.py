@@ -772,3 +772,51 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     assert result["status"] == "gated", result
     assert result["registered_version"] is not None
     assert result["gate"]["decision"] in ("promoted", "rejected") and result["gate"]["reasons"]
+
+
+@pytest.mark.slow  # ~90 s on 2 busy cores: teacher, transfer, evaluate and export subprocesses
+def test_without_domain_dev_a_distill_run_holds_out_text_and_selects_on_teacher_agreement(
+    prefect_server, tiny_inbox, tmp_path
+):
+    """The nightly path, no scored pairs: a share of the text is set aside before the teacher stage, the
+    transfer stage never gets it, and selection and the gate read the teacher's agreement pairs among it."""
+    import yaml
+
+    from flows.retrain import retrain
+    from tests.tiny import tiny_sentences
+    from tests.unit.evaluation.test_sts_benchmark import write_mini_senteval
+    from tests.unit.training.test_distill import make_tiny_teacher
+
+    _, options = tiny_inbox
+    _distill_params(options, make_tiny_teacher(tmp_path), min_delta=0.0)
+    params = yaml.safe_load(Path(options["params"]).read_text())
+    params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
+    params["retrain"].update(heldout_share=0.25)
+    params["transfer"].update(steps=3)
+    Path(options["params"]).write_text(yaml.safe_dump(params))
+    write_mini_senteval(tmp_path / "raw")
+    sentences = tiny_sentences(40, seed=9)
+    text = tmp_path / "mine.txt"
+    text.write_text("\n".join(sentences) + "\n")
+    result = retrain(str(text), raw=str(tmp_path / "raw"), keep=True, **options)
+
+    work = Path(result["work_dir"])
+    held = (work / "heldout.txt").read_text().splitlines()
+    trained = (work / "texts.txt").read_text().splitlines()  # what the teacher and transfer stages got
+    assert held and not set(held) & set(trained) and set(held) | set(trained) == set(sentences)
+    assert result["heldout"]["sentences"] == len(held) and result["heldout"]["trained_on"] == len(trained)
+    seen = work / "metrics" / "seen" / f"retrain-{result['domain_text_sha256'][:8]}-distill.txt"
+    assert not set(held) & set(seen.read_text().splitlines())  # the run's own record of what it trained on
+    pairs = [line.split("\t") for line in (work / "teacher" / "agreement.tsv").read_text().splitlines()]
+    assert pairs and all(a in held and b in held for a, b, _ in pairs)
+    assert result["heldout"]["agreement_pairs"] == len(pairs)
+    assert result["selected_on"] == "teacher_agreement"
+    (run,) = result["runs"]
+    assert run["selected_on"] == "teacher_agreement"
+    stage = f"retrain-{result['domain_text_sha256'][:8]}-distill"
+    record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
+    assert record["selected_on"] == "teacher_agreement"
+    assert (record["agreement_pairs"], record["heldout_sentences"]) == (len(pairs), len(held))
+    assert result["status"] in ("gated", "no gain"), result
+    if result["status"] == "gated":  # the gate's candidates were scored on the same agreement pairs
+        assert "domain_spearman" in result

@@ -387,24 +387,6 @@ def test_a_missing_or_malformed_domain_dev_file_stops_with_one_line(stage_args, 
 # --- make bench-domain --------------------------------------------------------------------------------------
 
 
-def test_sick_triple_is_train_sentences_trial_pairs_and_test_pairs():
-    import pandas as pd
-
-    from benchmarks.bench_domain import sick_triple
-
-    rows = [
-        ("SICK-R", "train", "b man", "a dog", 1.0),
-        ("SICK-R", "train", "a dog", "c cat", 2.0),
-        ("SICK-R", "dev", "d", "e", 3.0),
-        ("SICK-R", "test", "a dog", "f", 4.5),
-        ("STSb", "train", "zzz", "yyy", 0.0),
-    ]
-    frame = pd.DataFrame(rows, columns=["task", "split", "sentence1", "sentence2", "score"])
-    text, dev, test = sick_triple(frame)
-    assert text == ["a dog", "b man", "c cat"]
-    assert dev == [("d", "e", 3.0)] and test == [("a dog", "f", 4.5)]
-
-
 def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_args, capsys):
     from benchmarks.bench_domain import main
     from sentcl.evaluation.sts import STSEvaluator
@@ -437,29 +419,58 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
         + ["--work", str(tmp_path / "work"), "--json", str(tmp_path / "bench.json")]
     )
     out = capsys.readouterr().out
-    assert "| held-out test Spearman |" in out and "| STS-B dev |" in out and "train wall s" in out
-    assert "test sentences also occur in the text" in out
+    assert "| test, seen pairs |" in out and "| test, unseen pairs |" in out and "| STS-B dev |" in out
+    assert "train wall s" in out and "| same step as labelled |" in out
     result = json.loads((tmp_path / "bench.json").read_text())
-    assert [r["objective"] for r in result["methods"]["tsdae+contrastive"]["runs"]] == [
-        "tsdae",
-        "contrastive",
+    assert list(result["methods"]) == [
+        "tsdae labelled",
+        "tsdae label-free",
+        "tsdae+contrastive labelled",
+        "tsdae+contrastive label-free",
     ]
-    runs = result["methods"]["tsdae+contrastive"]["runs"]  # both objectives, chained
-    assert [r["steps"] for r in runs] == [3, 2] and all(r["selected_on"] == "domain_dev" for r in runs)
-    # "before" is the starting model scored on the held-out pairs, checked here with sentcl's own encoder.
+    labelled, free = (
+        result["methods"]["tsdae+contrastive labelled"],
+        result["methods"]["tsdae+contrastive label-free"],
+    )
+    assert [r["objective"] for r in labelled["runs"]] == ["tsdae", "contrastive"]
+    assert [r["steps"] for r in labelled["runs"]] == [3, 2]
+    assert (
+        all(r["selected_on"] == "domain_dev" for r in labelled["runs"])
+        and labelled["selected_on"] == "domain_dev"
+    )
+    # Without labels a method that does not distil selects on STS-B dev, as the retrain flow does.
+    assert all(r["selected_on"] == "stsb_dev" for r in free["runs"]) and free["selected_on"] == "stsb_dev"
+    assert free["same_choice"] == (
+        [r["best_step"] for r in labelled["runs"]] == [r["best_step"] for r in free["runs"]]
+    )
+    # Test pairs split by the text trained on: 30 pairs of TEXTS sentences, which the tiny text does not hold
+    # except where tiny_sentences drew the same one; counted by hand from the two lists here.
+    trained = set(text.read_text().splitlines())
+    seen = sum(a in trained and b in trained for a, b, _ in test_pairs)
+    unseen = sum(a not in trained and b not in trained for a, b, _ in test_pairs)
+    split = labelled["after"]["test"]
+    assert (split["seen"]["pairs"], split["unseen"]["pairs"], split["mixed"]["pairs"]) == (
+        seen,
+        unseen,
+        30 - seen - unseen,
+    )
+    # "before" is the starting model scored on the test pairs, checked here with sentcl's own encoder.
     encoder = Encoder.from_pretrained(model)
     expected = STSEvaluator(test_pairs)(lambda s: encoder.encode(s, pooling="last-avg"))
-    assert result["before"]["test"] == pytest.approx(expected, abs=0.01)
-    for method in result["methods"].values():
-        assert set(method["after"]) == {"test", "stsb_dev", "domain_dev"}
+    assert labelled["before"]["test"]["all"] == pytest.approx(expected, abs=0.01)
+    assert set(labelled["after"]) == {"test", "stsb_dev", "selection"} and set(free["after"]) == {
+        "test",
+        "stsb_dev",
+    }
     # tsdae+contrastive continued from the very TSDAE run of `tsdae` instead of training it again
-    assert result["methods"]["tsdae+contrastive"]["runs"][1]["init"].endswith("tsdae-0")
-    assert result["methods"]["tsdae+contrastive"]["runs"][0] == result["methods"]["tsdae"]["runs"][0]
-    assert not (tmp_path / "work" / "tsdae-contrastive-0").exists() and "reusing the tsdae run" in out
-    # the gate's rule on STS-B dev and the domain dev set, before vs after; nothing registered anywhere
-    gate = result["methods"]["tsdae+contrastive"]["gate"]
-    assert gate["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out
-    assert any(r.startswith("stsb_dev ") for r in gate["reasons"])
+    assert labelled["runs"][1]["init"].endswith("labelled-tsdae-0")
+    assert labelled["runs"][0] == result["methods"]["tsdae labelled"]["runs"][0]
+    assert (
+        not (tmp_path / "work" / "labelled-tsdae-contrastive-0").exists() and "reusing the tsdae run" in out
+    )
+    # the gate's rule on STS-B dev and the selection set, before vs after; nothing registered anywhere
+    assert labelled["gate"]["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out
+    assert any(r.startswith("stsb_dev ") for r in labelled["gate"]["reasons"])
 
 
 def test_bench_domain_from_champion_without_one_is_one_line_exit_2(stage_args, tmp_path, monkeypatch, capsys):
@@ -566,9 +577,26 @@ def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
     result, out = _bench_with_teacher(stage_args, teacher, dev, ["distill"], capsys)
     assert result["teacher"]["teacher"] > 99.0 and result["teacher"]["nothing_to_distil"] is None
     assert result["skipped"] == {}
-    (run,) = result["methods"]["distill"]["runs"]
+    (run,) = result["methods"]["distill labelled"]["runs"]
     assert run["objective"] == "distill" and run["steps"] == 2 and run["selected_on"] == "domain_dev"
-    assert "| held-out test Spearman |" in out
+    # Without labels: the held-out share is set aside before the teacher stage, the rest trains, and the run
+    # selects on the teacher's agreement pairs among the held-out sentences only.
+    work = tmp_path / "work" / "label-free"
+    held = set((work / "heldout.txt").read_text().splitlines())
+    trained = set((work / "text.txt").read_text().splitlines())
+    assert held and not held & trained
+    assert held | trained == set((tmp_path / "text.txt").read_text().splitlines())
+    assert not held & set(
+        (tmp_path / "work" / "metrics" / "seen" / "label-free-distill-0.txt").read_text().splitlines()
+    )
+    agreement = [line.split("\t") for line in (work / "teacher" / "agreement.tsv").read_text().splitlines()]
+    assert agreement and all(a in held and b in held for a, b, _ in agreement)
+    (free,) = result["methods"]["distill label-free"]["runs"]
+    assert free["selected_on"] == "teacher_agreement"
+    assert free["agreement_pairs"] == len(agreement) and free["heldout_sentences"] == len(held)
+    assert result["label_free"]["heldout"] == len(held)
+    assert result["methods"]["distill label-free"]["selected_on"] == "teacher_agreement"
+    assert "| test, unseen pairs |" in out
 
 
 def test_bench_domain_distill_without_a_teacher_is_one_line_exit_2(stage_args, capsys):
