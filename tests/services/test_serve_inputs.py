@@ -1,6 +1,6 @@
 """What the served encoder does with sentences that are not strings, per content type, over real HTTP.
 
-The model is stages/pyfunc_encoder.py logged as the export stage logs it (models from code, pyfunc_checks.py
+The model is sentcl_mlflow/pyfunc_encoder.py logged as the export stage logs it (models from code, pyfunc_checks.py
 in its code/, a tiny encoder as its artifact), loaded by MLflow and served by uvicorn on a loopback port:
 MLflow's own scoring app (what `mlflow models serve` runs) and the checked app of `python -m
 sentcl_mlflow.serve`."""
@@ -17,6 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
+from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.paths import ROOT
 from tests.services.test_registry import free_port
 
@@ -35,7 +36,7 @@ def model_dir(tiny_model, tmp_path_factory):
     folder = tmp_path_factory.mktemp("served") / "model"
     mlflow.pyfunc.save_model(  # runs.log_pyfunc_run's arguments, saved to a folder instead of a run
         str(folder),
-        python_model=str(ROOT / "stages" / "pyfunc_encoder.py"),
+        python_model=str(PYFUNC_MODEL),
         code_paths=[str(ROOT / "sentcl_mlflow" / "pyfunc_checks.py")],
         artifacts={"encoder": str(tiny_model)},
         signature=infer_signature(SENTENCES, np.asarray(expected, dtype=np.float32)),
