@@ -42,6 +42,8 @@ from sentcl.model.pooling import POOLINGS
 from sentcl.training.recipes import checkpoint_lineage, training_stages
 from stages.common import METRICS, MODELS, PROCESSED, RAW, SEEN, load_params, missing_model, offline_hub
 
+REFERENCE = "base"  # what every checkpoint's gain is read against, on the same pairs
+
 log = logging.getLogger("stages.evaluate")
 
 
@@ -125,9 +127,18 @@ def split_scoring(
         for name, stages in lineages.items()
     }
 
+    # The base model's cosines (scored first: CHECKPOINTS order), so that each later checkpoint's split also
+    # carries the base's Spearman on the very same pairs: a gain is only ever read on one set of pairs.
+    reference: dict[str, Any] = {}
+
     def more_scores(name: str, cosines: dict[str, Any]) -> dict[str, Any]:
         split = seen_split.split_scores(benchmark.subsets, cosines["subsets"], seen_sets[name], keys)
         split |= {"trained_on": [f"data/seen/{stage}.txt" for stage in lineages[name]]}
+        if name == REFERENCE:
+            reference["subsets"] = cosines["subsets"]
+        elif "subsets" in reference:
+            same = seen_split.split_scores(benchmark.subsets, reference["subsets"], seen_sets[name], keys)
+            split[seen_split.BASE_SAME_PAIRS] = same["avg"]
         unseen_scores = seen_split.unseen_sts_scores(benchmark.extra, cosines["extra"])
         return {
             "seen_split": split,

@@ -307,7 +307,8 @@ def write_sts_outputs(results: dict[str, Any], folder: Path, pooling_text: str) 
             "\n## By what the checkpoint saw in training\n\n"
             "Spearman x 100 (pairs) of the seven test tasks' pairs split by whether both sentences (seen), neither "
             "(unseen) or one (mixed) are in the text the checkpoint's training stages trained on; averages over "
-            f"the tasks with at least {MIN_PAIRS} pairs in the split. Unseen STS: "
+            f"the tasks with at least {MIN_PAIRS} pairs in the split; beside a score, the base model's average over "
+            "the same pairs and the gain. Unseen STS: "
             f"{UNSEEN_DESCRIPTION}.\n\n" + splits
         )
     (folder / "sts.md").write_text(table)

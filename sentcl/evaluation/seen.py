@@ -26,6 +26,8 @@ from sentcl.evaluation.sts import spearman100
 
 SPLITS = ("seen", "unseen", "mixed")
 MIN_PAIRS = 30  # a split with fewer pairs gets its count, not a score: a Spearman of so few pairs is noise
+# In a checkpoint's seen_split: the base model's averages over the very same seen / unseen / mixed pairs.
+BASE_SAME_PAIRS = "base_same_pairs"
 UNSEEN_STS = "unseen_sts"  # the key of the set of scored pairs no stage trained on, in each row of sts.json
 UNSEEN_SOURCES = ("STSb", "SICK-R")  # the tasks with a train split of scored pairs that no evaluation reads
 
@@ -155,9 +157,15 @@ def _cell(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def split_markdown(results: dict[str, dict[str, Any]]) -> str:
-    """The split tables of sts.md: per checkpoint, the average over tasks per split (pairs), and the unseen-STS
-    set; then per task the splits' Spearman (pairs)."""
+def _gain(value: float | None, base: float | None) -> str:
+    """``; base B, +G`` when both are scores (the base on the same pairs), else nothing."""
+    return "" if value is None or base is None else f"; base {base:.2f}, {value - base:+.2f}"
+
+
+def split_markdown(results: dict[str, dict[str, Any]], reference: str = "base") -> str:
+    """The split tables of sts.md: per checkpoint, the average over tasks per split (pairs; the ``reference``
+    model's average over the same pairs and the gain, where known), and the unseen-STS set (the same pairs for
+    every checkpoint); then per task the splits' Spearman (pairs)."""
     rows = {name: row for name, row in results.items() if row.get("seen_split")}
     if not rows:
         return ""
@@ -165,11 +173,20 @@ def split_markdown(results: dict[str, dict[str, Any]]) -> str:
         "| Checkpoint | Seen avg. (pairs) | Unseen avg. (pairs) | Mixed avg. (pairs) | Unseen STS (pairs) |",
         "|---|---|---|---|---|",
     ]
+    base_unseen = (rows.get(reference, {}).get(UNSEEN_STS) or {}).get("spearman")
     for name, row in rows.items():
-        avg = row["seen_split"]["avg"]
-        cells = [f"{_cell(avg[s]['spearman'])} ({avg[s]['pairs']})" for s in SPLITS]
+        avg, same = row["seen_split"]["avg"], row["seen_split"].get(BASE_SAME_PAIRS) or {}
+        cells = [
+            f"{_cell(avg[s]['spearman'])} ({avg[s]['pairs']}"
+            + _gain(avg[s]["spearman"], (same.get(s) or {}).get("spearman"))
+            + ")"
+            for s in SPLITS
+        ]
         unseen = row.get(UNSEEN_STS) or {}
-        cells.append(f"{_cell(unseen.get('spearman'))} ({unseen.get('pairs', 0)})")
+        base = base_unseen if name != reference else None
+        cells.append(
+            f"{_cell(unseen.get('spearman'))} ({unseen.get('pairs', 0)}{_gain(unseen.get('spearman'), base)})"
+        )
         lines.append("| " + " | ".join([name, *cells]) + " |")
     tasks = list(next(iter(rows.values()))["seen_split"]["tasks"])
     lines += ["", "| Checkpoint | Split | " + " | ".join(tasks) + " |", "|---|---|" + "---|" * len(tasks)]

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from sentcl.evaluation import seen as seen_split
 from sentcl.evaluation.benchmark import Benchmark, Subset
 from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.evaluation.seen import exact_keys, pair_splits, seen_keys, split_scores, unseen_sts_subsets
@@ -175,6 +176,18 @@ def test_evaluate_stage_splits_each_checkpoint_by_its_lineage(tmp_path, monkeypa
     assert counts["transfer-nli"] == {"seen": 30, "unseen": 10, "mixed": 0}  # nli's text and its own
     assert counts["transfer-base"] == {"seen": 0, "unseen": 39, "mixed": 1}  # the twin counts as seen
     assert counts["joint"] == counts["transfer-joint"] == {"seen": 0, "unseen": 40, "mixed": 0}
+
+    # A gain is read on one set of pairs: base scored first (cosines against the gold order: -100), then
+    # transfer-nli's 30 seen pairs (+100) carry the base's -100 on exactly those 30 pairs.
+    extra = [np.arange(30.0), np.zeros(0)]
+    base_row = more_scores("base", {"subsets": [-np.arange(40.0)], "extra": extra})
+    assert seen_split.BASE_SAME_PAIRS not in base_row["seen_split"]
+    row = more_scores("transfer-nli", {"subsets": [np.arange(40.0)], "extra": extra})
+    same = row["seen_split"][seen_split.BASE_SAME_PAIRS]
+    assert same["seen"]["pairs"] == 30 and same["seen"]["spearman"] == pytest.approx(-100.0)
+    assert row["seen_split"]["avg"]["seen"]["spearman"] == pytest.approx(100.0)
+    table = seen_split.split_markdown({"base": base_row, "transfer-nli": row})
+    assert "| transfer-nli | 100.00 (30; base -100.00, +200.00) |" in table
 
     (seen / "joint.txt").unlink()
     with pytest.raises(stage.scoring.EvaluationSetupError, match="joint.txt is missing"):
