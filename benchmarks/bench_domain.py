@@ -30,6 +30,9 @@ dev and selection-set scores before and after; the retrain flow's gate also chec
     make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
     python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|champion|DIR
 
+``--domain news`` builds a second domain from the mirror the same way: STS-B train's news pairs (MSRpar,
+headlines, deft-news) split by sentence, the text half, 500 of its pairs as dev, the other news pairs as test.
+
 TSV files: sentence1<TAB>sentence2<TAB>score, a header line allowed.
 """
 
@@ -58,7 +61,7 @@ from sentcl.params import ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
 from sentcl.training.agreement import AgreementConfig, hold_out
 from sentcl.training.data import read_seen, stsb_dev
-from stages.common import PROCESSED, ROOT, load_params, offline_hub
+from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub
 from stages.training import fail, load_pairs, read_texts, seen_file
 from stages.transfer import read_domain_dev
 
@@ -82,6 +85,22 @@ def sick_split(pairs: pd.DataFrame, seed: int, limit: int = DEV_PAIRS) -> tuple[
     test = scored(sick[sick.split == "test"])
     dev = draw_dev_pairs(scored(sick[sick.split != "test"]), text, test, limit, seed)
     return text, dev, test
+
+
+def news_split(
+    pairs: pd.DataFrame, raw: Path, seed: int, limit: int = DEV_PAIRS
+) -> tuple[list[str], Pairs, Pairs]:
+    """A news domain from the mirror: STS-B train's ``main-news`` pairs (MSRpar, headlines, deft-news; the genre is
+    column 1 of sts-train.csv) split by sentence as SICK is: the text half, up to ``limit`` of its pairs inside the
+    text half as dev, the other news pairs as test (split later into seen, unseen and mixed)."""
+    train = pairs[(pairs.task == "STSb") & (pairs.split == "train")]
+    csv = (raw / "STS" / "STSBenchmark" / "sts-train.csv").read_text(encoding="utf-8").splitlines()
+    news = train[[csv[int(line) - 1].split("\t")[0] == "main-news" for line in train.line]]
+    every = list(zip(news.sentence1, news.sentence2, news.score.astype(float), strict=True))
+    text, _ = split_sentences([*news.sentence1, *news.sentence2], seed)
+    dev = draw_dev_pairs(every, text, [], limit, seed)
+    chosen = {(a, b) for a, b, _ in dev}
+    return text, dev, [p for p in every if (p[0], p[1]) not in chosen]
 
 
 def write_tsv(pairs: Pairs, path: Path) -> Path:
@@ -264,6 +283,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument(
+        "--domain",
+        choices=("sick", "news"),
+        default="sick",
+        help="the built-in domain when --text/--dev/--test are not all given: SICK-R, or STS-B train's news pairs",
+    )
+    parser.add_argument("--raw", default=str(RAW), help="SentEval folder (--domain news reads the genres)")
     parser.add_argument("--text", help="unlabeled domain text: file or folder (default: the SICK text half)")
     parser.add_argument("--dev", help="scored dev pairs, TSV (default: SICK pairs inside the text half)")
     parser.add_argument("--test", help="scored test pairs, TSV (default: SICK test pairs)")
@@ -309,7 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         init = starting_model(args.init, params, work)
         own = not (args.text and args.dev and args.test)
-        sick_text, sick_dev, sick_test = sick_split(pairs, params["seed"]) if own else ([], [], [])
+        split = news_split if args.domain == "news" else sick_split
+        extra = (Path(args.raw),) if args.domain == "news" else ()
+        sick_text, sick_dev, sick_test = split(pairs, *extra, params["seed"]) if own else ([], [], [])
         text_path = args.text or str(write_text(sick_text, work / "text.txt"))
         texts = read_texts(Path(text_path))
         dev = read_domain_dev(args.dev, "--dev") if args.dev else sick_dev

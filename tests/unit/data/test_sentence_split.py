@@ -54,3 +54,23 @@ def test_sick_split_takes_text_dev_and_test_from_sick_only():
     expected = [p for p in expected if (p[0], p[1]) != ("t4", "t5")]
     assert sorted(dev) == sorted(expected)
     assert len(sick_split(frame, seed=1, limit=2)[1]) == min(2, len(expected))
+
+
+def test_news_split_keeps_sts_b_train_news_pairs_only_and_tests_on_the_rest(tmp_path):
+    from benchmarks.bench_domain import news_split
+
+    # sts-train.csv: genre in column 1; pairs.parquet rows point back at their line.
+    genres = ["main-news", "main-captions", "main-news", "main-forum"] + ["main-news"] * 16
+    csv = tmp_path / "STS" / "STSBenchmark" / "sts-train.csv"
+    csv.parent.mkdir(parents=True)
+    csv.write_text("".join(f"{g}\tx\t2012\t{i:04d}\t1.0\ta\tb\n" for i, g in enumerate(genres)))
+    rows = [("STSb", "train", f"n{i}", f"n{i + 1}", float(i % 5), i + 1) for i in range(len(genres))]
+    rows += [("STSb", "dev", "d1", "d2", 1.0, 1), ("SICK-R", "train", "s1", "s2", 2.0, 1)]
+    frame = pd.DataFrame(rows, columns=["task", "split", "sentence1", "sentence2", "score", "line"])
+    text, dev, test = news_split(frame, tmp_path, seed=3, limit=3)
+    news = [(a, b, s) for (_, _, a, b, s, line), g in zip(rows, genres, strict=False) if g == "main-news"]
+    assert len(news) == 18  # lines 2 and 4 are captions and forum
+    assert set(text) <= {x for a, b, _ in news for x in (a, b)} and len(text) == 11  # half of 21 (n0-n3, n4-n20)
+    assert len(dev) == 3 and all(a in text and b in text for a, b, _ in dev)
+    assert sorted(dev + test) == sorted(news)  # every news pair once: dev or test
+    assert ("n1", "n2", 1.0) not in dev + test and ("n3", "n4", 3.0) not in dev + test  # captions, forum
