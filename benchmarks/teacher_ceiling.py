@@ -6,6 +6,12 @@ The teacher's vectors are the teacher stage's output (data/teacher, fp16), so th
 student is encoded with the evaluate stage's fast path. Scoring is ``sentcl.evaluation.benchmark``'s (the evaluate stage's).
 
     python benchmarks/teacher_ceiling.py [--teacher-vectors data/teacher] [--student models/base] [--output F.json]
+    python benchmarks/teacher_ceiling.py --unseen [--teacher models/teacher/all-mpnet-base-v2] [--student DIR]
+
+``--unseen``: the teacher and the student on the evaluate stage's unseen-STS pairs instead (the scored STS-B and
+SICK train pairs none of whose sentences any training stage's text in data/seen/ holds, nor any evaluation
+reads: ``sentcl.evaluation.seen.unseen_sts_subsets``). Their sentences are in no teacher vectors file, so the
+teacher model is run, through the evaluate stage's fast path.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--student", default=str(ROOT / "models" / "base"))
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "raw")
     parser.add_argument("--output", type=Path)
+    parser.add_argument("--unseen", action="store_true", help="score the unseen-STS pairs instead")
+    parser.add_argument("--teacher", default=str(ROOT / "models" / "teacher" / "all-mpnet-base-v2"))
     args = parser.parse_args(argv)
+    if args.unseen:
+        return unseen(args.teacher, args.student)
 
     benchmark = load_benchmark(args.data)
     sentences = benchmark.sentences
@@ -71,6 +81,33 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name:12s} {protocol:4s} {cells} | dev {results[name]['stsb_dev']:.2f}")
     if args.output:
         args.output.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def unseen(teacher: str, student: str) -> int:
+    import pandas as pd
+    from transformers import AutoTokenizer
+
+    from sentcl.evaluation import seen
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.encoder import resolve_model_path
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl.training.recipes import training_stages
+    from stages.common import PROCESSED, SEEN, load_params
+
+    texts = {s for stage in training_stages() for s in (SEEN / f"{stage}.txt").read_text().splitlines()}
+    max_length = int(load_params()["model"]["max_length"])
+    tokens = seen.token_matcher(
+        AutoTokenizer.from_pretrained(resolve_model_path(ROOT / "models" / "base")), max_length
+    )
+    subsets = seen.unseen_sts_subsets(pd.read_parquet(PROCESSED / "pairs.parquet"), texts, tokens)
+    for name, folder in (("teacher", teacher), ("student", student)):
+        encode = FastEncoder(folder, pooling="last-avg")
+        row = seen.unseen_sts_scores(
+            subsets, [cosine(encode(list(s.sentences1)), encode(list(s.sentences2))) for s in subsets]
+        )
+        sources = ", ".join(f"{k} {v['spearman']:.2f} ({v['pairs']})" for k, v in row["sources"].items())
+        print(f"unseen STS: {name} {row['spearman']:.2f} on {row['pairs']} pairs ({sources}; {folder})")
     return 0
 
 
