@@ -1,20 +1,22 @@
 """The nightly path, end to end: the retrain flow on a SICK sentence split, from an empty registry.
 
 What a team's nightly inbox run does, measured on data with held-out labels: SICK-R's sentences are split in
-two halves by sentence (seeded, the same split as ``make bench-domain``); the text half is dropped in a fresh
-inbox and ``python -m flows.retrain`` runs on it as the nightly deployment runs it: **without** ``--domain-dev``
-(label-free: a held-out share of the text, the teacher's agreement on pairs among it selects and gates) and,
-with ``--with-dev``, a second time **with** it (up to 500 scored SICK train/trial pairs inside the text half),
-each in its own empty MLflow store (a sqlite file in the work folder), so the first registered version becomes
-champion through the gate. Then the champion each run left is downloaded (its files checked) and scored beside
-the base model on SICK's test pairs, split by what the run trained on (seen / unseen / mixed, each counted),
-and on STS-B dev. The test pairs are read once per run, after it finished.
+two halves by sentence (seeded, the same split as ``make bench-domain``); the text half is dropped in an inbox
+of the run's own and ``python -m flows.retrain`` runs on it as the nightly deployment runs it: **without**
+``--domain-dev`` (label-free: a held-out share of the text, the teacher's agreement on pairs among it selects and
+gates) and, with ``--with-dev``, a second time **with** it (up to 500 scored SICK train/trial pairs inside the text
+half), each in its own empty MLflow store (a sqlite file in the work folder), so the first registered version
+becomes champion through the gate. Then the champion each run left is downloaded (its files checked) and scored
+beside the base model on SICK's test pairs, split by what the run trained on (seen / unseen / mixed, each
+counted), and on STS-B dev. The test pairs are read once per run, after it finished.
 
     python -m benchmarks.bench_nightly [--with-dev] [--work DIR] [--json FILE]
+    python -m benchmarks.bench_nightly --mode labelled --work DIR       # one of the two runs
+    python -m benchmarks.bench_nightly --collect-only --work DIR --with-dev  # score what the runs left
 
-Ends with one line per run: promoted or not, the gains on seen and unseen pairs, STS-B dev's change and the
-training seconds, against the goal (seen and unseen +2.0, STS-B dev down by 0.5 at most, the whole flow, training and all, under 15 min;
-with ``--domain-dev`` unseen +2.5).
+Ends with one line per run: promoted or not, the gains on seen, unseen and mixed pairs, STS-B dev's change and the
+flow's wall time, against the goal (seen and unseen +2.0, STS-B dev down by 0.5 at most; with ``--domain-dev``
+unseen +2.5).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -35,15 +38,20 @@ from stages.common import PROCESSED, ROOT, load_params, offline_hub
 from stages.training import load_pairs
 
 GOALS = {"label-free": 2.0, "labelled": 2.5}  # unseen-pair gain; seen +2.0 and STS-B dev -0.5 for both
-TRAIN_BUDGET_S = 15 * 60
+SPLITS = ("seen", "unseen", "mixed")
 
 
-def run_flow(mode: str, text: Path, dev: Path | None, work: Path) -> dict[str, Any]:
-    """``python -m flows.retrain`` on ``text`` in an empty store of its own; the champion it leaves (downloaded)
-    and what it trained on."""
+def run_flow(
+    mode: str, sentences: list[str], dev: Path | None, work: Path, collect_only: bool
+) -> dict[str, Any]:
+    """``python -m flows.retrain`` on ``sentences``, dropped in an inbox of the run's own (the flow archives what
+    it read), against an empty store of its own; the champion it leaves (downloaded, files checked) and what it
+    trained on. ``collect_only``: the flow ran in ``work`` already; only read what it left."""
     folder = work / mode
-    store = folder / "mlflow.db"
-    env = dict(os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{store}", SENTCL_INBOX=str(text.parent))
+    text = folder / "inbox" / "domain.txt"
+    env = dict(
+        os.environ, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'mlflow.db'}", SENTCL_INBOX=str(text.parent)
+    )
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(key, None)  # the flow runs in-process, against this run's own store
     cmd = [
@@ -56,14 +64,21 @@ def run_flow(mode: str, text: Path, dev: Path | None, work: Path) -> dict[str, A
         str(folder / "work"),
     ]
     cmd += ["--domain-dev", str(dev)] if dev else []
-    print(f"bench-nightly: {mode}: {' '.join(cmd[1:])}", flush=True)
-    started = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=env)
-    wall = time.perf_counter() - started
-    if done.returncode:
-        raise SystemExit(
-            f"bench-nightly: the {mode} retrain failed (exit {done.returncode}); its log is above"
-        )
+    wall = None
+    if not collect_only:
+        if folder.exists():
+            raise SystemExit(
+                f"bench-nightly: {folder} exists: give a fresh --work, or --collect-only to score it"
+            )
+        write_text(sentences, text)
+        print(f"bench-nightly: {mode}: {' '.join(cmd[1:])}", flush=True)
+        started = time.perf_counter()
+        done = subprocess.run(cmd, cwd=ROOT, env=env)
+        wall = round(time.perf_counter() - started, 1)
+        if done.returncode:
+            raise SystemExit(
+                f"bench-nightly: the {mode} retrain failed (exit {done.returncode}); its log is above"
+            )
     records = sorted((folder / "work" / "metrics" / "train").glob("*.json"))
     train = [json.loads(p.read_text()) for p in records]
     trained = sorted({s for p in records for s in read_seen(p.parent.parent / "seen" / f"{p.stem}.txt")})
@@ -72,6 +87,7 @@ def run_flow(mode: str, text: Path, dev: Path | None, work: Path) -> dict[str, A
     from sentcl_mlflow.registry.download import download_alias
     from sentcl_mlflow.registry.names import CHAMPION
 
+    shutil.rmtree(folder / "champion", ignore_errors=True)
     try:
         champion: str | None = str(download_alias(CHAMPION, folder / "champion"))
     except NoChampionError:
@@ -79,7 +95,7 @@ def run_flow(mode: str, text: Path, dev: Path | None, work: Path) -> dict[str, A
     return {
         "champion": champion,
         "trained": trained,
-        "flow_wall_s": round(wall, 1),
+        "flow_wall_s": wall,
         "runs": [{k: r.get(k) for k in ("best_step", "steps", "selected_on", "beat_init")} for r in train],
     }
 
@@ -91,9 +107,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--with-dev", action="store_true", help="also run with --domain-dev (the labelled path)"
     )
-    parser.add_argument("--work", help="scratch folder, kept (default: a temporary one, kept and printed)")
+    parser.add_argument(
+        "--mode", nargs="+", choices=list(GOALS), help="which runs (default: label-free[, labelled])"
+    )
+    parser.add_argument("--work", help="scratch folder, kept (default: a temporary one, printed)")
+    parser.add_argument(
+        "--collect-only", action="store_true", help="score what the runs in --work left; run nothing"
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
+    if args.collect_only and not args.work:
+        parser.error("--collect-only needs --work")
     offline_hub()
     params = load_params()
     if not (PROCESSED / "pairs.parquet").is_file():
@@ -101,32 +125,34 @@ def main(argv: list[str] | None = None) -> int:
     pairs = load_pairs(PROCESSED)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench-nightly-")).resolve()
     text_half, dev, test = sick_split(pairs, params["seed"])
-    text = write_text(text_half, work / "inbox" / "sick-half.txt")
     dev_file = write_tsv(dev, work / "dev.tsv")
     print(
         f"bench-nightly: {len(text_half):,} sentences, {len(dev):,} dev pairs, {len(test):,} test pairs; {work}"
     )
-    modes = {"label-free": None, **({"labelled": dev_file} if args.with_dev else {})}
-    base = params["model"]["name"]
+    chosen = args.mode or ["label-free", *(["labelled"] if args.with_dev else [])]
+    backend = params["evaluate"]["backend"]
     sets = {"stsb_dev": stsb_dev(pairs)}
-    before = score(base, test, sets, params["evaluate"]["backend"])
+    before = score(params["model"]["name"], test, sets, backend)
     results: dict[str, Any] = {}
-    for mode, dev_path in modes.items():
-        run = run_flow(mode, text, dev_path, work)
-        after = (
-            score(run["champion"], test, sets, params["evaluate"]["backend"]) if run["champion"] else before
-        )
+    for mode in chosen:
+        run = run_flow(mode, text_half, dev_file if mode == "labelled" else None, work, args.collect_only)
+        if not run["champion"]:
+            print(
+                f"bench-nightly: {mode}: the flow left no champion (nothing registered or promoted)",
+                flush=True,
+            )
+        after = score(run["champion"], test, sets, backend) if run["champion"] else before
         b, a = (test_splits(test, s["test_cosines"], run["trained"]) for s in (before, after))
-        gains = {s: round(a[s]["spearman"] - b[s]["spearman"], 2) for s in ("seen", "unseen", "mixed")}
+        gains = {
+            s: round(a[s]["spearman"] - b[s]["spearman"], 2) for s in SPLITS if a[s]["spearman"] is not None
+        }
         row = {**{k: v for k, v in run.items() if k != "trained"}, "trained_sentences": len(run["trained"])}
         row |= {"before": b, "after": a, "gains": gains, "stsb_dev": [before["stsb_dev"], after["stsb_dev"]]}
-        drop = after["stsb_dev"] - before["stsb_dev"]
         row["goal"] = bool(
             run["champion"]
-            and gains["seen"] >= 2.0
-            and gains["unseen"] >= GOALS[mode]
-            and drop >= -0.5
-            and run["flow_wall_s"] < TRAIN_BUDGET_S  # the whole flow, training and all, an upper bound
+            and gains.get("seen", 0) >= 2.0
+            and gains.get("unseen", 0) >= GOALS[mode]
+            and after["stsb_dev"] - before["stsb_dev"] >= -0.5
         )
         results[mode] = row
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -135,13 +161,17 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"work": str(work), "load": load, "runs": results}, indent=2) + "\n"
         )
     for mode, r in results.items():
-        g = r["gains"]
         print(
             f"bench-nightly: {mode}: {'promoted a champion' if r['champion'] else 'no champion'}; "
-            f"seen {g['seen']:+.2f} ({r['after']['seen']['pairs']:,} pairs), unseen {g['unseen']:+.2f} "
-            f"({r['after']['unseen']['pairs']:,}), mixed {g['mixed']:+.2f} ({r['after']['mixed']['pairs']:,}); "
-            f"STS-B dev {r['stsb_dev'][0]:.2f} -> {r['stsb_dev'][1]:.2f}; whole flow {r['flow_wall_s']:.0f} s "
-            f"(load {load}); goal {'met' if r['goal'] else 'not met'}"
+            + ", ".join(f"{s} {g:+.2f} ({r['after'][s]['pairs']:,} pairs)" for s, g in r["gains"].items())
+            + f"; STS-B dev {r['stsb_dev'][0]:.2f} -> {r['stsb_dev'][1]:.2f}; whole flow "
+            + (
+                f"{r['flow_wall_s']:.0f} s (load now {load})"
+                if r["flow_wall_s"]
+                else "not timed in this call"
+            )
+            + f"; goal (seen +2.0, unseen +{GOALS[mode]}, STS-B dev -0.5 at most) "
+            + ("met" if r["goal"] else "not met")
         )
     return 0
 
