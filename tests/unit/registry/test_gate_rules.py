@@ -147,7 +147,9 @@ def test_gate_config_missing_key_or_section():
     with pytest.raises(ParamsError, match="registry.min_domain_delta is missing"):
         GateConfig.from_params({"registry": {k: v for k, v in SECTION.items() if k != "min_domain_delta"}})
     with pytest.raises(ParamsError, match="registry.candidate_model_name is missing"):
-        GateConfig.from_params({"registry": {k: v for k, v in SECTION.items() if k != "candidate_model_name"}})
+        GateConfig.from_params(
+            {"registry": {k: v for k, v in SECTION.items() if k != "candidate_model_name"}}
+        )
     with pytest.raises(ParamsError, match="section 'registry' is missing"):
         GateConfig.from_params({})
 
