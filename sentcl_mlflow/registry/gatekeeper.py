@@ -29,7 +29,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +39,9 @@ from sentcl_mlflow.registry.names import READY
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
+
+    from sentcl.registry.rules import Scores
+    from sentcl_mlflow.registry.measure import Scorer
 
 # On a candidate version: the files the gate scores it on besides its own dev pairs, logged with the
 # candidate's run at registration ({"domain_dev": {"path": <artifact path>, "sha256": <digest>}}).
@@ -117,11 +120,35 @@ def judge(
         finish_unfinished(mlc, config.model_name)
         candidate = mlc.get_model_version(source, version)
         domain = _domain_dev(mlc, source, candidate, Path(tmp))
-        make_scorer = _scorer(params, dev_pairs, domain, None)
+        make_scorer = _weights_checked(source, _scorer(params, dev_pairs, domain, None))
         caller = (caller_identity(), None)
         return _gate_locked(
             mlc, config.model_name, version, config, caller, make_scorer, False, False, lease, source
         )
+
+
+def _weights_checked(source: str, make_scorer: Callable[[], Scorer]) -> Callable[[], Scorer]:
+    """The gate's scorer, which first checks that a candidate's verified files hold the weights its tag names:
+    the rolled-back-weights block reads that tag, and the registrar may edit its own candidates' tags."""
+    from sentcl.registry.rules import version_weights, weight_file_digests, weights_fingerprint
+    from sentcl_mlflow.registry.download import st_folder_in
+
+    def make() -> Scorer:
+        score = make_scorer()
+
+        def checked(version: Any, root: Path) -> Scores:
+            if getattr(version, "name", None) == source:
+                claimed = version_weights(version.tags or {}) or ""
+                actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
+                if claimed != actual:  # a ValueError: measure() refuses the version, one line
+                    raise ValueError(
+                        f"its weights hash to {actual[:12]}, not {claimed[:12] or 'nothing'} (its tag)"
+                    )
+            return score(version, root)
+
+        return checked
+
+    return make
 
 
 def decision_line(result: Mapping[str, Any]) -> str:

@@ -64,7 +64,7 @@ def gate_process(auth_server, tmp_path_factory):  # noqa: F811 (the fixture impo
         assert _setup(mp) == {"gate": GATE[0], "registrar": REGISTRAR[0], "team": TEAM[0]}
     models = {
         name: make_tiny_encoder(base, name, seed=seed, dropout=0.0)
-        for name, seed in (("good", 11), ("poor", 12), ("other", 13), ("fourth", 14))
+        for name, seed in (("good", 11), ("poor", 12), ("other", 13), ("fourth", 14), ("fifth", 15))
     }
     processed = write_dev_pairs(base / "processed", models["good"])
     env = {
@@ -103,7 +103,7 @@ def _register(
     folder: Path, stsb_dev: float, sick_dev: float, tags: dict | None = None, before_ready=None
 ) -> tuple[str, str]:
     """(version, run id): ``folder`` registered into the candidates model as the registrar, with the score
-    tags its registrant claims. ``before_ready(run_id)`` runs after the registration manifest is recorded
+    tags its registrant claims. ``before_ready(run_id, version)`` runs after the registration manifest is recorded
     and before the version is ``ready`` (what the gate process waits for), so nothing races it."""
     from sentcl_mlflow.registry.lease import promotion_lock
     from sentcl_mlflow.registry.versions import _register_locked
@@ -125,7 +125,7 @@ def _register(
         )
         assert created
         if before_ready is not None:
-            before_ready(run_id)
+            before_ready(run_id, version)
         mlc.set_model_version_tag(CANDIDATES, version, "sentcl.state", "ready")
     return version, run_id
 
@@ -239,7 +239,7 @@ def test_a_candidate_changed_after_registration_is_refused_in_one_line(gate_proc
     swapped.write_text("flavors: {python_function: {loader_module: os}}\n")
     # Swapped after its manifest was recorded (replaces model/MLmodel in the store), before it is ready.
     version, _ = _register(
-        folder, 60.0, 60.0, before_ready=lambda run: mlc.log_artifact(run, str(swapped), "model")
+        folder, 60.0, 60.0, before_ready=lambda run, _: mlc.log_artifact(run, str(swapped), "model")
     )
     found = _verdict(version)
     assert found["decision"] == "refused" and "MLmodel changed since registration" in found["reasons"][0], (
@@ -273,7 +273,9 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
         )
     )
     inputs = {TAG_GATE_INPUTS: gate_inputs_tag(dev)}
-    version, _ = _register(gate_process["other"], 99.0, 99.0, inputs, lambda run: _log_gate_inputs(run, dev))
+    version, _ = _register(
+        gate_process["other"], 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev)
+    )
     found = _verdict(version)
     tags = mlc.get_model_version(CANDIDATES, version).tags
     assert found["decision"] == "rejected", found
@@ -283,13 +285,33 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     changed.parent.mkdir()
     changed.write_text(dev.read_text() + "an added pair\tof sentences\t0.5\n")
 
-    def log_changed(run: str) -> None:  # logged, then overwritten (a teammate's EDIT on the experiment)
+    def log_changed(
+        run: str, _version: str
+    ) -> None:  # logged, then overwritten (a teammate's EDIT on the experiment)
         _log_gate_inputs(run, dev)
         mlc.log_artifact(run, str(changed), DOMAIN_DEV_ARTIFACT.rsplit("/", 1)[0])
 
     version, _ = _register(gate_process["fourth"], 99.0, 99.0, inputs, log_changed)
     found = _verdict(version)
     assert found["decision"] == "refused" and "domain dev pairs" in found["reasons"][0], found
+
+
+def test_a_candidate_whose_weights_tag_is_not_its_files_is_refused(gate_process, monkeypatch):
+    """The registrar may edit its candidates' tags: one naming other weights (a rolled-back version's block
+    reads that tag) is refused once the gate has hashed the verified files itself."""
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    other_weights = mlc.get_model_version(CANDIDATES, "1").tags["weights.sha256"]
+    version, _ = _register(
+        gate_process["fifth"],
+        99.0,
+        99.0,
+        before_ready=lambda _, number: mlc.set_model_version_tag(
+            CANDIDATES, number, "weights.sha256", other_weights
+        ),
+    )
+    found = _verdict(version)
+    assert found["decision"] == "refused" and "its weights hash to" in found["reasons"][0], found
 
 
 # ------------------------------------------------- the table of accounts: what each cannot do to champion
