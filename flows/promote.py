@@ -11,6 +11,12 @@ manifest recorded at registration (a changed file: one line, exit 2, the version
 both itself on STS-B dev and SICK-R trial (``--processed``: the validate stage's pairs.parquet) and on the
 ``--domain-dev`` pairs when given; it compares those numbers, never the score tags of a registration.
 
+Only a person runs this, with the gate's MLflow account in their own environment
+(``MLFLOW_TRACKING_USERNAME/_PASSWORD``): no deployment runs it, and under `make serve` the worker and its
+flow runs hold the registrar's account, which cannot take the production lease or move ``champion`` (a
+deployment pointed at ``promote_flow`` by the holder of the Prefect auth string fails there). `make serve`'s
+gate process judges the flows' candidates on its own (``sentcl_mlflow.registry.gatekeeper``).
+
 With ``PREFECT_API_URL`` set (a Prefect server, as under `make serve`) the gate runs as a flow that holds the
 server-wide promotion slot; without it, it runs directly. Either way the gate takes the promotion lease in
 the registry (sentcl_mlflow.registry.lease.promotion_lock), which serialises it against every other machine, and
@@ -101,16 +107,6 @@ def _promote_cli_flow(
     domain_dev: str | None = None,
 ) -> Any:
     return _quietly(lambda: promote_flow.fn(version, actor, model, force, processed, domain_dev))
-
-
-@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
-def promote_deployed(version: str | None = None, model: str | None = None) -> dict[str, Any]:
-    """What the ``promote-local`` deployment runs (on the worker, as the gate's account): the gate with its
-    score rules and nothing else. No ``force``, no rollback, no actor: those need the gate's MLflow
-    credentials in the caller's own environment (``python -m flows.promote ... --force --by NAME``), so the
-    Prefect auth string alone cannot force a promotion."""
-    with promotion_slot():
-        return promote(model, version=version, actor="deployment promote-local")
 
 
 @flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)

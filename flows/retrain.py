@@ -446,7 +446,7 @@ def describe(result: dict[str, Any]) -> str:
         f"retrain: candidate {result.get('checkpoint')} stsb_dev {result.get('stsb_dev', float('nan')):.2f}"
         + (f", domain {result['domain_spearman']:.2f}" if "domain_spearman" in result else "")
         + f", registered version {result.get('registered_version')}",
-        f"retrain: gate {gate.get('decision', 'not run')}; champion is version {gate.get('champion_after')}",
+        f"retrain: gate {gate.get('decision', 'no verdict yet')}; champion is version {gate.get('champion_after')}",
     ]
     lines += [f"  - {r}" for r in gate.get("reasons", [])]
     return "\n".join(lines)

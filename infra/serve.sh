@@ -8,9 +8,13 @@
 # Each process gets only its own secrets (what /proc/<pid>/environ of each shows):
 #   Prefect server    PREFECT_SERVER_API_AUTH_STRING
 #   MLflow server     MLFLOW_FLASK_SERVER_SECRET_KEY (the admin is created beforehand, by `auth bootstrap`)
-#   auth setup        the admin's password, the gate's and the teammate's (short-lived)
-#   worker + its flow runs + their stages: PREFECT_API_AUTH_STRING and the gate's MLflow account (they gate)
+#   auth setup        none in its environ: the admin's, gate's, registrar's, teammate's passwords on its stdin
+#   worker + its flow runs + their stages: PREFECT_API_AUTH_STRING and the registrar's MLflow account (they
+#                     register candidates; they cannot move champion)
 #   watcher           PREFECT_API_AUTH_STRING (it only emits events)
+#   gate              none in its environ: the gate's password on its stdin; it is non-dumpable
+# The gate's password is read from the environment of `make serve` only: a .env that holds it is refused,
+# because the worker's flow runs run as this OS user and could read the file (docs: Security).
 # Safe to run again: what runs is left running, what crashed (a stale PID) is started again, setup is
 # idempotent. PIDs, command lines and logs go to .run/ (0700); `make stop` (infra/stop.sh) ends them.
 set -euo pipefail
@@ -18,8 +22,8 @@ cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 umask 077
 SECRET_KEYS=(PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD
-  SENTCL_TEAM_PASSWORD)
-SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENTCL_TEAM_USER)
+  SENTCL_REGISTRAR_PASSWORD SENTCL_TEAM_PASSWORD)
+SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENTCL_REGISTRAR_USER SENTCL_TEAM_USER)
 is_serve_key() { local k; for k in "${SERVE_KEYS[@]}"; do [[ "$k" == "$1" ]] && return 0; done; return 1; }
 ENV_FILE="${SENTCL_ENV_FILE:-$ROOT/.env}"
 if [[ -f "$ENV_FILE" ]]; then
@@ -42,19 +46,30 @@ if [[ -f "$ENV_FILE" ]]; then
     fi
     key="${BASH_REMATCH[2]}" value="${BASH_REMATCH[3]}"
     is_serve_key "$key" || continue                       # compose-only (or foreign): not make serve's
+    if [[ "$key" == SENTCL_GATE_PASSWORD && -n "$value" ]]; then
+      echo "serve: $ENV_FILE line $lineno holds SENTCL_GATE_PASSWORD, which the worker's flow runs (this OS" \
+        "user) could read: remove it, change it, and give it in the environment of make serve only" >&2
+      exit 2
+    fi
     [[ -n "${!key:-}" ]] && continue                      # the environment wins
     if [[ "$value" =~ ^\"(.*)\"$ || "$value" =~ ^\'(.*)\'$ ]]; then value="${BASH_REMATCH[1]}"; fi
     printf -v "$key" '%s' "$value"
   done <"$ENV_FILE"
 fi
 # No default for a secret: a missing one stops here, named, exit 2 like every refused input.
-for key in PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD; do
+for key in PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD \
+  SENTCL_REGISTRAR_PASSWORD; do
   if [[ -z "${!key:-}" ]]; then
     echo "serve: $key is not set (in $ENV_FILE or the environment; see .env.example)" >&2
     exit 2
   fi
 done
 SENTCL_GATE_USER="${SENTCL_GATE_USER:-sentcl-gate}"
+SENTCL_REGISTRAR_USER="${SENTCL_REGISTRAR_USER:-sentcl-registrar}"
+if [[ "$SENTCL_REGISTRAR_USER" == "$SENTCL_GATE_USER" ]]; then
+  echo "serve: SENTCL_REGISTRAR_USER must differ from SENTCL_GATE_USER: the worker would hold the gate's account" >&2
+  exit 2
+fi
 MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"
 # A value left from .env.example, or one short enough to guess, would make a public operator credential (the
@@ -86,7 +101,12 @@ unset value
 # caller's own copies of other secrets (compose's, a personal MLflow login) are not passed on either.
 export -n "${SERVE_KEYS[@]}"
 unset PREFECT_API_AUTH_STRING PREFECT_SERVER_API_AUTH_STRING MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD \
-  POSTGRES_PASSWORD MINIO_ROOT_USER MINIO_ROOT_PASSWORD S3_ACCESS_KEY S3_SECRET_KEY
+  POSTGRES_PASSWORD MINIO_ROOT_USER MINIO_ROOT_PASSWORD S3_ACCESS_KEY S3_SECRET_KEY SENTCL_REGISTRY_ROLE
+if (( EUID == 0 )); then
+  # Non-dumpable stops processes of the same ordinary user; root's (CAP_SYS_PTRACE) read any memory.
+  echo "serve: warning: running as root, so do the worker's flow runs: they could read the gate process's" \
+    "memory (its password); run make serve as an ordinary user (docs: Security)" >&2
+fi
 VENV="${VENV:-.venv}"
 [[ "$VENV" == /* ]] || VENV="$ROOT/$VENV"
 BIN="$VENV/bin"
@@ -134,7 +154,11 @@ start() {  # name, command...: own session (so stop can end its children too), p
     fi
     rm -f "$RUN/$name.pid" "$RUN/$name.cmdline"
   fi
-  setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
+  if [[ -n "${START_STDIN:-}" ]]; then  # a secret for its stdin (a shell variable: in no environ, no argv)
+    setsid "$@" >"$RUN/$name.log" 2>&1 < <(printf '%s\n' "$START_STDIN") &
+  else
+    setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
+  fi
   local pid=$!
   echo "$pid" >"$RUN/$name.pid"
   # Once setsid has exec'd the command: its command line is what `make stop` checks before signalling.
@@ -188,10 +212,14 @@ if [[ "$STORE" == sqlite:* ]]; then
     start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ROOT/mlartifacts"
   wait_http mlflow-server "http://127.0.0.1:$MLFLOW_PORT/health" 180
   export MLFLOW_TRACKING_URI="${MLFLOW_PUBLIC_URI:-http://127.0.0.1:$MLFLOW_PORT}"
-  MLFLOW_TRACKING_USERNAME="$MLFLOW_AUTH_ADMIN_USERNAME" MLFLOW_TRACKING_PASSWORD="$MLFLOW_AUTH_ADMIN_PASSWORD" \
-  SENTCL_GATE_USER="$SENTCL_GATE_USER" SENTCL_GATE_PASSWORD="$SENTCL_GATE_PASSWORD" \
-  SENTCL_TEAM_USER="$SENTCL_TEAM_USER" SENTCL_TEAM_PASSWORD="$SENTCL_TEAM_PASSWORD" \
-    "$BIN/python" -m sentcl_mlflow.auth setup \
+  # The passwords on its stdin, not in its environ: a worker left running by an earlier `make serve` (its flow
+  # runs, this OS user) could read /proc/<pid>/environ while setup runs.
+  printf '%s\n' "MLFLOW_TRACKING_USERNAME=$MLFLOW_AUTH_ADMIN_USERNAME" \
+    "MLFLOW_TRACKING_PASSWORD=$MLFLOW_AUTH_ADMIN_PASSWORD" \
+    "SENTCL_GATE_USER=$SENTCL_GATE_USER" "SENTCL_GATE_PASSWORD=$SENTCL_GATE_PASSWORD" \
+    "SENTCL_REGISTRAR_USER=$SENTCL_REGISTRAR_USER" "SENTCL_REGISTRAR_PASSWORD=$SENTCL_REGISTRAR_PASSWORD" \
+    "SENTCL_TEAM_USER=$SENTCL_TEAM_USER" "SENTCL_TEAM_PASSWORD=$SENTCL_TEAM_PASSWORD" \
+    | "$BIN/python" -m sentcl_mlflow.auth setup --env-stdin \
     || { echo "serve: MLflow account setup failed (above); make stop ends what started" >&2; exit 1; }
 else
   export MLFLOW_TRACKING_URI="$STORE"
@@ -203,18 +231,31 @@ prefect_cli work-pool create "$POOL" --type process --base-job-template infra/pr
   --overwrite >/dev/null
 prefect_cli global-concurrency-limit create sentcl-promotion --limit 1 >/dev/null 2>&1 || true
 prefect_cli deploy --prefect-file infra/prefect.yaml \
-  -n retrain-local -n pipeline-local -n promote-local >"$RUN/deploy.log" 2>&1 \
+  -n retrain-local -n pipeline-local >"$RUN/deploy.log" 2>&1 \
   || { echo "serve: prefect deploy failed; see $RUN/deploy.log" >&2; tail -30 "$RUN/deploy.log" >&2; exit 1; }
-echo "serve: deployments retrain-local, pipeline-local, promote-local registered (pool $POOL)"
+echo "serve: deployments retrain-local, pipeline-local registered (pool $POOL)"
 # What else the server holds (an old deployment, a pool someone added) also runs with operator rights: listed
 # with a warning, never removed here (it may be a teammate's work; `prefect deployment delete` is one command).
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
   "$BIN/python" -m flows.inventory --prefect-file infra/prefect.yaml --pool "$POOL" \
   || echo "serve: warning: could not list the server's deployments and work pools (above)" >&2
 
-# The worker's flow runs (and the stages they start) gate: they alone get the gate's MLflow account.
-PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
-MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_GATE_PASSWORD" \
+# The gate process: the only one given the gate's MLflow account (on its stdin). It judges what the flows
+# register into registry.candidate_model_name and alone moves champion (sentcl_mlflow.registry.gatekeeper).
+START_STDIN="$SENTCL_GATE_PASSWORD"
+SENTCL_GATE_USER="$SENTCL_GATE_USER" start gate "$BIN/python" -m sentcl_mlflow.registry.gatekeeper --password-stdin \
+  --interval "${SENTCL_GATE_INTERVAL_S:-5}"
+START_STDIN=""
+deadline=$((SECONDS + 120))
+until grep -q "^gate: watching" "$RUN/gate.log" 2>/dev/null; do
+  if (( SECONDS > deadline )) || ! alive gate; then
+    echo "serve: the gate process did not start; see $RUN/gate.log" >&2; tail -20 "$RUN/gate.log" >&2; exit 1
+  fi
+  sleep 1
+done
+# The worker's flow runs (and the stages they start) register candidates: the registrar's account only.
+PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
+MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
   start worker "$BIN/prefect" worker start --pool "$POOL" --type process
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
 # A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
@@ -227,14 +268,15 @@ until grep -q "^watch: watching" "$RUN/watcher.log" 2>/dev/null; do
 done
 
 # What `make stop` checks before it signals a PID: the command line each process runs now (after exec).
-for name in prefect-server mlflow-server worker watcher; do
+for name in prefect-server mlflow-server gate worker watcher; do
   if alive "$name"; then record "$name"; fi
 done
 
 cat <<MSG
 serve: ready
   Prefect UI   http://127.0.0.1:$PREFECT_PORT   (export PREFECT_API_URL=$PREFECT_API_URL)
-  MLflow       $MLFLOW_TRACKING_URI   (basic auth; the stages and flows started here log in as $SENTCL_GATE_USER)
+  MLflow       $MLFLOW_TRACKING_URI   (basic auth; the flows started here log in as $SENTCL_REGISTRAR_USER)
+  gate         $RUN/gate.log   (the only process with $SENTCL_GATE_USER; it moves champion)
   inbox        $INBOX   (a file dropped here starts sentcl-retrain/retrain-local)
   stop with    make stop
 MSG

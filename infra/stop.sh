@@ -24,7 +24,7 @@ same_process() {  # name, pid: is it still running what serve started?
     return 1
   fi
 }
-for name in watcher worker mlflow-server prefect-server; do
+for name in watcher worker gate mlflow-server prefect-server; do
   pidfile="$RUN/$name.pid"
   [[ -f "$pidfile" ]] || continue
   pid="$(cat "$pidfile")"

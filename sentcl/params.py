@@ -113,6 +113,7 @@ class FlowConfig:
     flow_timeout_s: float  # a whole flow run
     retries: int  # of a stage that exited EXIT_TRANSIENT
     retry_delay_s: float
+    gate_wait_s: float  # how long a flow waits for the gate process's verdict on its candidate
 
     @classmethod
     def from_params(cls, params: Mapping[str, Any]) -> FlowConfig:
@@ -123,4 +124,5 @@ class FlowConfig:
             values["flow_timeout_s"],
             int(values["retries"]),
             values["retry_delay_s"],
+            values["gate_wait_s"],
         )

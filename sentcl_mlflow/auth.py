@@ -10,9 +10,14 @@ and cannot move ``champion``. The promotion lease of each model (``<model>.promo
 granted on it can take it. ``setup`` is idempotent (run at every ``make serve`` and compose ``up``: what
 exists is kept, a permission that differs is replaced) and reads every secret from the environment:
 
-- ``SENTCL_GATE_USER`` / ``SENTCL_GATE_PASSWORD``: the account the pipeline, the flows and the worker use;
+- ``SENTCL_GATE_USER`` / ``SENTCL_GATE_PASSWORD``: the gate's account (under ``make serve`` only the gate
+  process, ``sentcl_mlflow.registry.gatekeeper``, holds it);
   MANAGE on the production model, the experiments model and both leases, EDIT on the experiment, MANAGE on
   the production experiment (``<experiment>-production``, where production registrations log their run);
+- ``SENTCL_REGISTRAR_USER`` / ``SENTCL_REGISTRAR_PASSWORD`` (``make serve`` requires them): the account of
+  the worker, its flow runs and their stages; EDIT on the experiment, MANAGE on the candidates model
+  (``registry.candidate_model_name``) and its lease, READ on production, its lease and the production
+  experiment. The gate's account gets EDIT on the candidates model (it writes its verdict there);
 - ``SENTCL_TEAM_USER`` / ``SENTCL_TEAM_PASSWORD`` (optional): a teammate's account; EDIT on the experiment
   (log runs), MANAGE on the experiments model (``registry.experiment_model_name``) and its lease, READ on
   production, on its lease (so it can neither take nor hold the production lease) and on the production
@@ -95,9 +100,10 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
 
     prod_lease = config.model_name + LEASE_SUFFIX
     exp_lease = config.experiment_model_name + LEASE_SUFFIX
-    for lease in (prod_lease, exp_lease):
+    cand, cand_lease = config.candidate_model_name, config.candidate_model_name + LEASE_SUFFIX
+    for lease in (prod_lease, exp_lease, cand_lease):
         _recreate_if_idle(mlc, lease)
-    for name in (config.model_name, config.experiment_model_name, prod_lease, exp_lease):
+    for name in (config.model_name, config.experiment_model_name, prod_lease, exp_lease, cand, cand_lease):
         try:
             mlc.create_registered_model(name)  # owned by the admin, so nobody else gets MANAGE by creating it
         except MlflowException as e:
@@ -117,7 +123,24 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     grant(auth, gate_user, "registered_model", prod_lease, "MANAGE")
     grant(auth, gate_user, "registered_model", exp_lease, "MANAGE")
     grant(auth, gate_user, "experiment", exp_id, "EDIT")
+    # It copies candidates into production (READ would do) and writes its verdict on them (EDIT: tags).
+    grant(auth, gate_user, "registered_model", cand, "EDIT")
     accounts = {"gate": gate_user}
+    registrar, registrar_password = (
+        os.environ.get("SENTCL_REGISTRAR_USER"),
+        os.environ.get("SENTCL_REGISTRAR_PASSWORD"),
+    )
+    if registrar and registrar_password:
+        # make serve's worker and flows: log runs, register candidates, read production; never edit it (in
+        # MLflow registering a version and setting an alias are one permission, so production is READ).
+        ensure_user(auth, registrar, registrar_password)
+        grant(auth, registrar, "experiment", exp_id, "EDIT")
+        grant(auth, registrar, "experiment", prod_exp_id, "READ")
+        grant(auth, registrar, "registered_model", cand, "MANAGE")
+        grant(auth, registrar, "registered_model", cand_lease, "MANAGE")
+        grant(auth, registrar, "registered_model", config.model_name, "READ")
+        grant(auth, registrar, "registered_model", prod_lease, "READ")
+        accounts["registrar"] = registrar
     team_user, team_password = os.environ.get("SENTCL_TEAM_USER"), os.environ.get("SENTCL_TEAM_PASSWORD")
     if team_user and team_password:
         ensure_user(auth, team_user, team_password)
@@ -127,9 +150,12 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
         grant(auth, team_user, "registered_model", exp_lease, "MANAGE")
         # Explicitly READ (replacing any MANAGE its creator got) on the production model's lease.
         grant(auth, team_user, "registered_model", prod_lease, "READ")
+        grant(auth, team_user, "registered_model", cand, "READ")
+        grant(auth, team_user, "registered_model", cand_lease, "READ")
         accounts["team"] = team_user
     print(
         f"auth: {gate_user} may edit {config.model_name!r} (champion); "
+        + (f"{registrar} may register into {cand!r}; " if "registrar" in accounts else "")
         + (
             f"{team_user} may log to {EXPERIMENT!r} and register into {config.experiment_model_name!r}; "
             if "team" in accounts
@@ -167,9 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     if argv == ["bootstrap"]:
         bootstrap()
         return 0
-    if argv != ["setup"]:
-        print("usage: python -m sentcl_mlflow.auth setup|bootstrap", file=sys.stderr)
+    if argv not in (["setup"], ["setup", "--env-stdin"]):
+        print("usage: python -m sentcl_mlflow.auth setup [--env-stdin]|bootstrap", file=sys.stderr)
         return 2
+    if "--env-stdin" in argv:
+        # KEY=VALUE lines (make serve): the passwords never appear in this process's /proc/<pid>/environ,
+        # which the worker's flow runs (same OS user) could read while a second `make serve` runs setup.
+        from sentcl_mlflow.registry.gatekeeper import close_process
+
+        close_process()
+        for line in sys.stdin.read().splitlines():
+            key, sep, value = line.partition("=")
+            if sep and key:
+                os.environ[key] = value
     from mlflow.exceptions import MlflowException
 
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError

@@ -39,9 +39,14 @@ def log_and_register(
     from sentcl.model.encoder import load_folder_encoder
     from sentcl_mlflow import runs
     from sentcl_mlflow.registry.gate import register_and_gate
+    from sentcl_mlflow.registry.gatekeeper import TAG_GATE_INPUTS, gate_inputs_tag
     from sentcl_mlflow.registry.names import run_experiment
 
     timings: dict[str, float] = {}
+    # The registrar (make serve's flows) registers a candidate and asks the gate process: no gate here. The
+    # domain (or teacher-agreement) pairs go with the candidate's run, their digest on the version.
+    candidate = info["model_name"] == GateConfig.from_params(params).candidate_model_name
+    gate_inputs = {TAG_GATE_INPUTS: gate_inputs_tag(domain_dev)} if candidate and domain_dev else {}
 
     def log_model() -> tuple[str, str]:
         started = time.time()
@@ -62,6 +67,8 @@ def log_and_register(
             # production runs go to the gate-only experiment (names.run_experiment)
             experiment=run_experiment(info["model_name"], GateConfig.from_params(params)),
         )
+        if gate_inputs:
+            _log_gate_inputs(run_id, Path(domain_dev))
         timings["seconds_log_model"] = round(time.time() - started, 2)
         return model_uri, run_id
 
@@ -83,9 +90,10 @@ def log_and_register(
                 else {}
             ),
             **{k: v for k, v in tags.items() if not k.startswith("mlflow.")},
+            **gate_inputs,
         },
         weights_sha256=info["weights_fingerprint"],
-        gate=gate,
+        gate=gate and not candidate,
         actor=actor,
         params=params,
         domain_dev=domain_dev,
@@ -101,7 +109,43 @@ def log_and_register(
         f"export: {verb} {info['model_name']} version {outcome['version']} as challenger "
         f"({info['checkpoint']}); register+gate {result['seconds_register_and_gate']}s"
     )
+    if candidate and gate:
+        result.update(_await_gate(info["model_name"], outcome["version"], params))
     return result
+
+
+def _log_gate_inputs(run_id: str, domain_dev: Path) -> None:
+    import shutil
+    import tempfile
+
+    from sentcl_mlflow.registry.gatekeeper import DOMAIN_DEV_ARTIFACT
+    from sentcl_mlflow.store import client
+
+    folder, file_name = DOMAIN_DEV_ARTIFACT.rsplit("/", 1)
+    with tempfile.TemporaryDirectory(prefix="sentcl-gate-inputs-") as tmp:
+        shutil.copyfile(domain_dev, Path(tmp) / file_name)
+        client().log_artifact(run_id, str(Path(tmp) / file_name), folder)
+
+
+def _await_gate(name: str, version: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The gate process's verdict on the candidate (bounded by params flows.gate_wait_s): printed, and returned
+    as the ``gate`` of the result; no verdict in time is one line, not a failure."""
+    from sentcl.params import FlowConfig
+    from sentcl_mlflow.registry.gatekeeper import wait_for_verdict
+
+    wait_s = FlowConfig.from_params(params).gate_wait_s
+    print(f"export: asked the gate process to judge {name} version {version}; waiting up to {wait_s:g}s")
+    found = wait_for_verdict(name, version, wait_s)
+    if found is None:
+        print(
+            f"export: no verdict from the gate process on {name} version {version} within {wait_s:g}s; "
+            "it will tag the version (gate.decision) when it has judged it"
+        )
+        return {}
+    print(f"export: the gate's verdict on {name} version {version}: {found['decision'].upper()}")
+    for reason in found["reasons"]:
+        print(f"  - {reason}")
+    return {"gate": found}
 
 
 def pip_requirements() -> list[str]:

@@ -46,6 +46,7 @@ class GateConfig:
 
     model_name: str  # the production registered model (aliases champion / challenger)
     experiment_model_name: str  # where `dvc exp run` / `make exp` register unless asked otherwise
+    candidate_model_name: str  # the registrar (make serve) registers here; the gate process judges it
     min_delta: float  # STS-B dev gain over the champion that counts as better
     max_dev_drop: float  # no dev score (SICK-R trial, the domain's) may drop by more than this
     min_domain_delta: float  # with a domain dev set: a domain gain this large counts as a gain
@@ -54,7 +55,7 @@ class GateConfig:
     def from_params(cls, params: Mapping[str, Any], section: str = "registry") -> GateConfig:
         raw = read_section(params, section, [f.name for f in dataclasses.fields(cls)])
         values: dict[str, Any] = {}
-        for name in ("model_name", "experiment_model_name"):
+        for name in ("model_name", "experiment_model_name", "candidate_model_name"):
             values[name] = text(raw[name], f"{section}.{name}", "a non-empty name")
         for name in ("min_delta", "max_dev_drop", "min_domain_delta"):
             # >= 0: a negative margin could promote a worse model
@@ -63,6 +64,11 @@ class GateConfig:
             raise ParamsError(
                 f"params.yaml: {section}.experiment_model_name must differ from model_name "
                 f"({values['model_name']!r}): experiments would register into production"
+            )
+        if values["candidate_model_name"] in (values["model_name"], values["experiment_model_name"]):
+            raise ParamsError(
+                f"params.yaml: {section}.candidate_model_name must differ from model_name and "
+                f"experiment_model_name ({values['candidate_model_name']!r}): the registrar would edit it"
             )
         return cls(**values)
 

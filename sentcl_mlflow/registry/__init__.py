@@ -22,6 +22,8 @@ A kill between 3 and 5 leaves a version marked ``registering``: never promotable
 - ``gate``: ``register_and_gate``, ``promote``, ``rollback``;
 - ``measure``: the gate's own verified download and dev-set scoring of a version;
 - ``download``: checked downloads of a registered version or an alias.
+- ``gatekeeper``: `make serve`'s gate process (the only holder of the gate's account there): it judges the
+  candidates model's new versions, copies a promoted one into production and moves ``champion``.
 
 This file imports nothing: import the module you need.
 """

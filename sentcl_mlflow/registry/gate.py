@@ -24,6 +24,7 @@ from sentcl.registry.rules import (
     gate_score_tags,
     promotion_blocked,
     scores_text,
+    version_weights,
 )
 from sentcl_mlflow.errors import GateRefusedError, NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
@@ -156,40 +157,55 @@ def _gate_locked(
     forced: bool,
     in_registration: bool,
     lease: Lease | None = None,
+    source: str | None = None,
 ) -> dict[str, Any]:
-    """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None)."""
+    """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None). ``source``: the
+    registered model the candidate lives in when it is not ``name`` (the gate process judges the candidates
+    model's versions): on promotion it is copied into ``name``, the copy verified, and ``champion`` set there."""
     started = time.time()
     identity, note = caller
     forced_by = _who(identity, note) if forced else None
-    cand = mlc.get_model_version(name, version) if version else _version_or_none(mlc, name, CHALLENGER)
+    source = source or name
+    cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
     if cand is None:
-        raise LookupError(f"no {CHALLENGER!r} version of {name!r} to gate; run the export stage first")
+        raise LookupError(f"no {CHALLENGER!r} version of {source!r} to gate; run the export stage first")
     tags = cand.tags or {}
     champ = _version_or_none(mlc, name, CHAMPION)
     blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
     measured_tags: dict[str, str] = {}
+    if source == name:
+        same_as_champion = champ is not None and str(champ.version) == str(cand.version)
+    else:  # another model's version: the champion's weights registered again (a retrain whose init won)
+        weights = version_weights(tags)
+        same_as_champion = (
+            champ is not None and bool(weights) and weights == version_weights(champ.tags or {})
+        )
     if tags.get(TAG_STATE) == REGISTERING and not in_registration:
         promoted, reasons = False, [f"version {cand.version} is unfinished (an interrupted registration)"]
-    elif champ is not None and str(champ.version) == str(cand.version):
+    elif same_as_champion and (source == name or not blocked):
         # Gating the champion again is a no-op: no decision, and no tag over the one that promoted it.
-        return {
-            "model": name,
+        result = {
+            "model": source,
             "version": str(cand.version),
             "decision": "unchanged",
             "promoted": False,
             "champion_before": str(champ.version),
             "champion_after": str(champ.version),
-            "reasons": [f"version {cand.version} is already champion"],
+            "reasons": [f"version {cand.version} is already champion ({name} version {champ.version})"],
             "seconds": round(time.time() - started, 2),
         }
+        if source != name:  # the gate process's verdict, so the registrar waiting on it sees one
+            mlc.set_model_version_tag(source, cand.version, "gate.decision", "unchanged")
+            mlc.set_model_version_tag(source, cand.version, "gate.reasons", result["reasons"][0])
+        return result
     elif blocked:
         promoted, reasons = False, [blocked]
     else:
         # Downloaded and verified (a tampered file: refused, one line, nothing moves), then scored by the gate
         # itself, both on the same pairs: a domain score counts only when a domain dev file was given.
         measured = measure(mlc, name, [cand] + ([champ] if champ is not None else []), make_scorer())
-        cand_scores = measured[str(cand.version)]
-        champ_scores = measured[str(champ.version)] if champ is not None else None
+        cand_scores = measured[0]
+        champ_scores = measured[1] if champ is not None else None
         promoted, reasons = gate_decision(cand_scores, champ_scores, config)
         measured_tags = gate_score_tags(cand_scores)
         own = f"the gate's scores: version {cand.version} {scores_text(cand_scores)}"
@@ -199,18 +215,21 @@ def _gate_locked(
         reasons.append(own)
         if forced_by:
             reasons.append(f"forced by {forced_by}")
+    target = str(cand.version)  # the version of ``name`` that becomes champion
     if promoted:
+        if source != name:
+            target = _copy_verified(mlc, source, str(cand.version), name)
         if champ is not None:
-            mlc.set_model_version_tag(name, cand.version, "previous_champion", champ.version)
+            mlc.set_model_version_tag(name, target, "previous_champion", champ.version)
         if lease is not None:  # fencing: a holder whose lease was broken stops before the alias moves
             lease.check()
-            mlc.set_model_version_tag(name, cand.version, "gate.lease_token", lease.token)
-        mlc.set_registered_model_alias(name, CHAMPION, cand.version)
+            mlc.set_model_version_tag(name, target, "gate.lease_token", lease.token)
+        mlc.set_registered_model_alias(name, CHAMPION, target)
         after = _version_or_none(mlc, name, CHAMPION)
-        if after is None or str(after.version) != str(cand.version):
+        if after is None or str(after.version) != target:
             raise RuntimeError(
                 f"champion of {name!r} reads back as {after.version if after else None} after moving it to "
-                f"{cand.version}: another writer bypassed the promotion lease"
+                f"{target}: another writer bypassed the promotion lease"
             )
     decision = "promoted" if promoted else "rejected"
     gate_tags = {
@@ -227,21 +246,41 @@ def _gate_locked(
     if forced:
         gate_tags["gate.forced_by"] = identity
     gate_tags.update(measured_tags)  # gate.stsb_dev, gate.sick_dev, gate.domain_dev, gate.champion_*
-    for (
-        key,
-        value,
-    ) in gate_tags.items():  # after the alias moved: a tag never claims a move that did not happen
-        mlc.set_model_version_tag(name, cand.version, key, value)
+    tagged = [(source, str(cand.version))]
+    if promoted and source != name:
+        # The production copy first: the candidate's gate.decision is what a waiting registrar reads as done.
+        mlc.set_model_version_tag(name, target, "gate.candidate", f"{source}/{cand.version}")
+        gate_tags["gate.champion_version"] = target  # on the candidate: which production version it became
+        tagged.insert(0, (name, target))
+    # After the alias moved: a tag never claims a move that did not happen. gate.decision last: a reader
+    # that sees it (a registrar waiting on its candidate) sees the gate's scores and reasons too.
+    for model, number in tagged:
+        for key, value in sorted(gate_tags.items(), key=lambda item: item[0] == "gate.decision"):
+            mlc.set_model_version_tag(model, number, key, value)
     return {
-        "model": name,
+        "model": source,
         "version": str(cand.version),
         "decision": decision,
         "promoted": promoted,
         "champion_before": str(champ.version) if champ is not None else None,
-        "champion_after": str(cand.version) if promoted else (str(champ.version) if champ else None),
+        "champion_after": target if promoted else (str(champ.version) if champ else None),
         "reasons": reasons,
         "seconds": round(time.time() - started, 2),
     }
+
+
+def _copy_verified(mlc: MlflowClient, source: str, version: str, name: str) -> str:
+    """``source`` version ``version`` copied into ``name`` (MLflow's copy: source ``models:/source/version``, the
+    same files, every tag including the registration manifest), then downloaded and checked against that
+    manifest before anything points at it. Returns the new version of ``name``."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stderr(io.StringIO()):  # MLflow narrates the copy on stderr: one line is ours
+        copy = mlc.copy_model_version(f"models:/{source}/{version}", name)
+    with tempfile.TemporaryDirectory(prefix="sentcl-copy-") as tmp:
+        verified_download(mlc, name, str(copy.version), Path(tmp))
+    return str(copy.version)
 
 
 def promote(

@@ -117,8 +117,9 @@ def dev_scorer(dev: DevSets, params: Mapping[str, Any]) -> Scorer:
 
 def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:
     """Tag ``version`` refused (``sentcl.state=refused``, ``gate.refused=<reason>``): never promoted after this."""
-    mlc.set_model_version_tag(name, version, TAG_STATE, REFUSED)
+    # The reason first: a reader that sees the state (a registrar waiting on its candidate) sees why too.
     mlc.set_model_version_tag(name, version, TAG_REFUSED, reason[:4000])
+    mlc.set_model_version_tag(name, version, TAG_STATE, REFUSED)
 
 
 def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) -> Path:
@@ -138,23 +139,29 @@ def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) ->
     return root
 
 
-def measure(mlc: MlflowClient, name: str, versions: Sequence[Any], scorer: Scorer) -> dict[str, Scores]:
-    """{version: scores} of each model version, each downloaded and verified first (all before any is scored,
-    so a tampered one stops the gate before minutes of scoring)."""
+def _model_of(version: Any, default: str) -> str:
+    return getattr(version, "name", None) or default
+
+
+def measure(mlc: MlflowClient, name: str, versions: Sequence[Any], scorer: Scorer) -> list[Scores]:
+    """The scores of each model version, in the order given, each downloaded and verified first (all before
+    any is scored, so a tampered one stops the gate before minutes of scoring). Each is read from its own
+    registered model (``v.name``: a candidate and the champion may live in different ones)."""
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
-        roots = {
-            str(v.version): verified_download(mlc, name, str(v.version), Path(tmp) / str(v.version))
-            for v in versions
-        }
-        scores: dict[str, Scores] = {}
-        for v in versions:
+        roots = [
+            verified_download(mlc, _model_of(v, name), str(v.version), Path(tmp) / f"{i}-{v.version}")
+            for i, v in enumerate(versions)
+        ]
+        scores: list[Scores] = []
+        for v, root in zip(versions, roots, strict=True):
             try:
-                scores[str(v.version)] = scorer(v, roots[str(v.version)])
+                scores.append(scorer(v, root))
             # No sentence-transformers folder, or one the encoder cannot load: no model the gate can promote.
             except (OSError, ValueError) as e:
                 reason = f"cannot be scored ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                refuse(mlc, name, str(v.version), reason)
+                model = _model_of(v, name)
+                refuse(mlc, model, str(v.version), reason)
                 raise GateRefusedError(
-                    f"gate refused {name} version {v.version}: {reason}; champion not moved"
+                    f"gate refused {model} version {v.version}: {reason}; champion not moved"
                 ) from None
         return scores

@@ -22,12 +22,25 @@ def gate_config(params: Mapping[str, Any] | None = None) -> GateConfig:
     return GateConfig.from_params(params if params is not None else load_params_file())
 
 
+# `make serve` sets it on the worker (so its flow runs and their stages): they hold the registrar's account,
+# which registers into the candidates model and never moves `champion`; the gate process judges from there.
+REGISTRY_ROLE_ENV, REGISTRAR = "SENTCL_REGISTRY_ROLE", "registrar"
+
+
+def as_registrar() -> bool:
+    return os.environ.get(REGISTRY_ROLE_ENV, "") == REGISTRAR
+
+
 def target_model_name(config: GateConfig) -> str:
     """The production model, except inside a DVC experiment (``dvc exp run``, ``make exp``), which registers
-    into ``experiment_model_name`` unless ``SENTCL_REGISTER_PRODUCTION=1`` asks for production."""
+    into ``experiment_model_name`` unless ``SENTCL_REGISTER_PRODUCTION=1`` asks for production, and under
+    ``make serve``'s worker (``SENTCL_REGISTRY_ROLE=registrar``), which registers into ``candidate_model_name``
+    for the gate process to judge."""
     in_experiment = bool(os.environ.get("DVC_EXP_NAME"))
     asked = os.environ.get("SENTCL_REGISTER_PRODUCTION", "").lower() in ("1", "true", "yes")
-    return config.experiment_model_name if in_experiment and not asked else config.model_name
+    if in_experiment and not asked:
+        return config.experiment_model_name
+    return config.candidate_model_name if as_registrar() else config.model_name
 
 
 # Production runs go to an experiment of their own, which `auth setup` makes editable by the gate's account

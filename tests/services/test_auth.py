@@ -40,7 +40,7 @@ from tests.services.test_registry import TABLE, as_registered, free_port
 ADMIN = ("admin", "admin-secret-for-tests-1")
 GATE = ("sentcl-gate", "gate-secret-for-tests-1")
 TEAM = ("teammate", "team-secret-for-tests-1")
-CONFIG = GateConfig("auth-prod", "auth-exp", 0.2, 1.0, 1.0)
+CONFIG = GateConfig("auth-prod", "auth-exp", "auth-candidates", 0.2, 1.0, 1.0)
 
 
 def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 240) -> None:

@@ -32,7 +32,9 @@ def test_prefect_yaml_is_valid_for_prefect_deploy():
     raw = load("prefect.yaml")
     model = PrefectYamlModel.model_validate(raw)
     names = {d.name for d in model.deployments}
-    assert {"retrain-local", "pipeline-local", "promote-local", "retrain-k8s", "pipeline-k8s"} <= names
+    assert {"retrain-local", "pipeline-local", "retrain-k8s", "pipeline-k8s"} <= names
+    # No deployment runs the gate, a forced promotion or a rollback: flows/promote.py is a person's CLI.
+    assert not [d.name for d in model.deployments if d.entrypoint.startswith("flows/promote.py")]
     for deployment in model.deployments:
         module, _, attr = deployment.entrypoint.partition(":")
         flow = getattr(import_module(module.removesuffix(".py").replace("/", ".")), attr)
@@ -200,7 +202,7 @@ SERVE_SECRETS = {
     "PREFECT_AUTH_STRING",
     "MLFLOW_AUTH_ADMIN_PASSWORD",
     "MLFLOW_FLASK_SERVER_SECRET_KEY",
-    "SENTCL_GATE_PASSWORD",
+    "SENTCL_REGISTRAR_PASSWORD",
 }
 
 
@@ -212,6 +214,7 @@ def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images(
     example = (ROOT / ".env.example").read_text()
     keys = set(re.findall(r"^(\w+)=", example, re.M))
     assert SERVE_SECRETS <= keys
+    assert "SENTCL_GATE_PASSWORD" not in keys  # make serve refuses a .env that holds it
     assert not keys & {"MLFLOW_ALLOWED_HOSTS", "PREFECT_UI_ORIGIN", "POSTGRES_PASSWORD", "S3_SECRET_KEY"}
     ignored = subprocess.run(
         ["git", "check-ignore", ".env", "infra/.env"], cwd=ROOT, capture_output=True, text=True
@@ -232,8 +235,10 @@ def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_aut
         "PREFECT_SERVER_API_AUTH_STRING=" in serve and "PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true" in serve
     )
     assert "--app-name basic-auth" in (INFRA / "mlflow-server.sh").read_text()
-    # The worker and its flow runs use the HTTP server as the gate, not the sqlite file behind it.
-    assert 'MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER"' in serve
+    # The worker and its flow runs use the HTTP server as the registrar, never as the gate.
+    assert 'MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER"' in serve
+    assert 'MLFLOW_TRACKING_USERNAME="$SENTCL_GATE_USER"' not in serve
+    assert 'MLFLOW_TRACKING_PASSWORD="$SENTCL_GATE_PASSWORD"' not in serve
 
 
 def test_worker_image_has_python_3_11():
@@ -363,15 +368,19 @@ SECRETS = {
     "PREFECT_AUTH_STRING": "admin:serve-test-secret",
     "MLFLOW_AUTH_ADMIN_PASSWORD": "serve-test-admin-1",
     "MLFLOW_FLASK_SERVER_SECRET_KEY": "serve-test-flask",
-    "SENTCL_GATE_PASSWORD": "serve-test-gate-1",
+    "SENTCL_REGISTRAR_PASSWORD": "serve-test-registrar-1",
     "SENTCL_TEAM_PASSWORD": "serve-test-team-1",
 }
-# What each process may hold (every other secret must be absent from its /proc/<pid>/environ).
+# Given in the environment of make serve, never in .env (serve refuses that).
+GATE_PASSWORD = "serve-test-gate-1"
+# What each process may hold (every other secret must be absent from its /proc/<pid>/environ). The gate's
+# password is in none: the gate process reads it from its stdin.
 ALLOWED = {
     "prefect-server": {"PREFECT_AUTH_STRING"},
     "mlflow-server": {"MLFLOW_FLASK_SERVER_SECRET_KEY"},
-    "worker": {"PREFECT_AUTH_STRING", "SENTCL_GATE_PASSWORD"},
+    "worker": {"PREFECT_AUTH_STRING", "SENTCL_REGISTRAR_PASSWORD"},
     "watcher": {"PREFECT_AUTH_STRING"},
+    "gate": set(),
 }
 
 
@@ -415,6 +424,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
         SENTCL_INBOX=str(tmp_path / "inbox"),
         S3_SECRET_KEY="callers-own-s3-secret",  # in the caller's shell: passed to nothing
+        SENTCL_GATE_PASSWORD=GATE_PASSWORD,
     )
     for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(key, None)
@@ -424,7 +434,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         assert serve.returncode == 0, serve.stdout + serve.stderr
         assert "serve: ready" in serve.stdout
         pids = {p.stem: int(p.read_text()) for p in (tmp_path / "run").glob("*.pid")}
-        assert set(pids) == {"prefect-server", "mlflow-server", "worker", "watcher"}
+        assert set(pids) == {"prefect-server", "mlflow-server", "worker", "watcher", "gate"}
         assert _answers(f"http://127.0.0.1:{mlflow_port}/health")  # compose's allowed hosts not applied
         auth = "Basic " + base64.b64encode(b"admin:serve-test-secret").decode()
         # Both servers refuse a request without credentials.
@@ -441,15 +451,16 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
             for key, value in SECRETS.items():
                 assert (value.encode() in environ) == (key in ALLOWED[name]), (name, key)
             assert b"compose-pg-secret" not in environ and b"callers-own-s3-secret" not in environ, name
+            assert GATE_PASSWORD.encode() not in environ, name
         server_env = _environ(pids["prefect-server"]).split(b"\0")
         assert f"PREFECT_SERVER_CORS_ALLOWED_ORIGINS=http://127.0.0.1:{prefect_port}".encode() in server_env
         # The run files with secrets in them: the owner's alone.
         for secret_file in ("mlflow-auth.ini", "mlflow-users.db"):
             assert (tmp_path / "run" / secret_file).stat().st_mode & 0o077 == 0, secret_file
-        # The worker runs as the gate's account against the HTTP server, not the sqlite file.
+        # The worker runs as the registrar's account against the HTTP server, not the sqlite file.
         worker_env = _environ(pids["worker"]).split(b"\0")
         assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}".encode() in worker_env
-        assert b"MLFLOW_TRACKING_USERNAME=sentcl-gate" in worker_env
+        assert b"MLFLOW_TRACKING_USERNAME=sentcl-registrar" in worker_env
         request = urllib.request.Request(
             f"http://127.0.0.1:{prefect_port}/api/deployments/filter",
             data=b"{}",
@@ -457,7 +468,8 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         )
         with urllib.request.urlopen(request, timeout=10) as response:
             deployments = {d["name"]: d for d in json.load(response)}
-        assert {"retrain-local", "pipeline-local", "promote-local"} <= set(deployments)
+        assert {"retrain-local", "pipeline-local"} <= set(deployments)
+        assert "promote-local" not in deployments
         assert deployments["retrain-local"]["schedules"], "the retrain deployment has its cron schedule"
         assert "is not defined in prefect.yaml" not in serve.stdout  # a fresh server holds only its own
 
@@ -485,7 +497,7 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         assert "serve: warning: work pool stray-pool (type process)" in warnings[1]
         _post_prefect(prefect_port, auth, "work_pools/stray-pool", method="GET")  # still there
         assert "mlflow-server" in again.stdout and "starting it again" in again.stdout
-        for name in ("prefect-server", "worker", "watcher"):
+        for name in ("prefect-server", "worker", "watcher", "gate"):
             assert f"serve: {name} already running (pid {pids[name]})" in again.stdout
         pids["mlflow-server"] = int((tmp_path / "run" / "mlflow-server.pid").read_text())
         assert _answers(f"http://127.0.0.1:{mlflow_port}/health")

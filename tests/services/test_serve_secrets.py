@@ -17,8 +17,10 @@ GOOD = {
     "PREFECT_AUTH_STRING": "admin:a-long-enough-prefect-pw",
     "MLFLOW_AUTH_ADMIN_PASSWORD": "a-long-enough-admin-pw",
     "MLFLOW_FLASK_SERVER_SECRET_KEY": "a-long-enough-flask-key",
-    "SENTCL_GATE_PASSWORD": "a-long-enough-gate-pw",
+    "SENTCL_REGISTRAR_PASSWORD": "a-long-enough-registrar-pw",
 }
+# The gate's password comes from the environment of make serve only (a .env holding it is refused).
+GATE_PASSWORD = "a-long-enough-gate-pw"
 
 
 def serve(tmp_path: Path, values: dict[str, str], mode: int = 0o600, **environ: str):
@@ -44,6 +46,7 @@ def run_serve(tmp_path: Path, env_file: Path, **environ: str) -> subprocess.Comp
     )
     for key in (*GOOD, "SENTCL_TEAM_USER", "SENTCL_TEAM_PASSWORD", "MLFLOW_AUTH_ADMIN_USERNAME"):
         env.pop(key, None)
+    env["SENTCL_GATE_PASSWORD"] = GATE_PASSWORD
     env.update(environ)
     return subprocess.run(
         ["bash", "infra/serve.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
@@ -71,8 +74,12 @@ def test_a_secret_still_reading_change_me_is_refused_naming_its_key(tmp_path, ke
 
 def test_change_me_anywhere_and_in_any_case_is_refused(tmp_path):
     # Long enough, so only the placeholder can be what stops it; and a username counts too.
-    out, _ = serve(tmp_path, {**GOOD, "SENTCL_GATE_PASSWORD": "'prefix-change-me-suffix-long'"})
-    assert_refused_before_start(out, tmp_path, "SENTCL_GATE_PASSWORD", secret="prefix-change-me-suffix-long")
+    out, _ = serve(tmp_path, {**GOOD, "SENTCL_REGISTRAR_PASSWORD": "'prefix-change-me-suffix-long'"})
+    assert_refused_before_start(
+        out, tmp_path, "SENTCL_REGISTRAR_PASSWORD", secret="prefix-change-me-suffix-long"
+    )
+    out, _ = serve(tmp_path, GOOD, SENTCL_GATE_PASSWORD="gate-Change-Me-long-enough")
+    assert_refused_before_start(out, tmp_path, "SENTCL_GATE_PASSWORD", secret="gate-Change-Me-long-enough")
     out, _ = serve(tmp_path, {**GOOD, "SENTCL_TEAM_USER": "CHANGE-ME"})
     assert_refused_before_start(out, tmp_path, "SENTCL_TEAM_USER")
 
@@ -87,7 +94,7 @@ def test_the_environment_is_checked_as_the_file_is(tmp_path):
     ("key", "value"),
     [
         ("MLFLOW_FLASK_SERVER_SECRET_KEY", "fifteen-chars-x"),
-        ("SENTCL_GATE_PASSWORD", "gate-pw-9"),
+        ("SENTCL_REGISTRAR_PASSWORD", "registrar-pw-9"),
         ("PREFECT_AUTH_STRING", "a-long-username-here:pfx-pw-7"),  # the password is what must be long
         ("SENTCL_TEAM_PASSWORD", "team-pw"),  # optional, but checked when given
     ],
@@ -98,6 +105,20 @@ def test_a_secret_shorter_than_16_characters_is_refused_naming_its_key(tmp_path,
     assert_refused_before_start(out, tmp_path, key, "16 characters", secret=value)
 
 
+def test_a_short_gate_password_in_the_environment_is_refused_naming_its_key(tmp_path):
+    out, _ = serve(tmp_path, GOOD, SENTCL_GATE_PASSWORD="gate-pw-9")
+    assert_refused_before_start(out, tmp_path, "SENTCL_GATE_PASSWORD", "16 characters", secret="gate-pw-9")
+
+
+def test_a_dot_env_holding_the_gate_password_is_refused_the_worker_could_read_it(tmp_path):
+    """The worker's flow runs (and any pull step a Prefect auth string holder adds) run as this OS user: a
+    gate password in .env would be theirs. Refused before anything starts, even when the environment has it."""
+    out, _ = serve(tmp_path, {**GOOD, "SENTCL_GATE_PASSWORD": "a-long-gate-pw-in-the-file"})
+    assert_refused_before_start(
+        out, tmp_path, "SENTCL_GATE_PASSWORD", "line 5", "environment", secret="a-long-gate-pw-in-the-file"
+    )
+
+
 @pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620])
 def test_a_dot_env_other_users_can_open_is_refused_and_left_as_it_is(tmp_path, mode):
     out, env_file = serve(tmp_path, GOOD, mode=mode)
@@ -106,8 +127,7 @@ def test_a_dot_env_other_users_can_open_is_refused_and_left_as_it_is(tmp_path, m
 
 
 def test_a_missing_secret_still_stops_it(tmp_path):
-    values = {k: v for k, v in GOOD.items() if k != "SENTCL_GATE_PASSWORD"}
-    out, _ = serve(tmp_path, values)
+    out, _ = serve(tmp_path, GOOD, SENTCL_GATE_PASSWORD="")
     assert out.returncode != 0 and "SENTCL_GATE_PASSWORD" in out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dot.env"]
 
@@ -118,13 +138,15 @@ def test_a_linked_dot_env_is_judged_by_the_file_it_points_to(tmp_path):
     secrets = tmp_path / "secrets"
     secrets.mkdir()
     target = secrets / "real.env"
-    target.write_text("".join(f"{k}={v}\n" for k, v in {**GOOD, "SENTCL_GATE_PASSWORD": "CHANGE-ME"}.items()))
+    target.write_text(
+        "".join(f"{k}={v}\n" for k, v in {**GOOD, "SENTCL_REGISTRAR_PASSWORD": "CHANGE-ME"}.items())
+    )
     target.chmod(0o600)
     link = tmp_path / "dot.env"
     link.symlink_to(target)
     out = run_serve(tmp_path, link)
     assert out.returncode == 2, out.stderr
-    assert out.stderr.startswith("serve: SENTCL_GATE_PASSWORD still reads CHANGE-ME"), out.stderr
+    assert out.stderr.startswith("serve: SENTCL_REGISTRAR_PASSWORD still reads CHANGE-ME"), out.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dot.env", "secrets"]
 
 

@@ -32,6 +32,7 @@ TESTS = {"STS12": 70.0, "STS13": 75.0, "STSb": 80.0, "SICK-R": 72.0, "avg": 74.2
 SECTION = {
     "model_name": "m",
     "experiment_model_name": "m-exp",
+    "candidate_model_name": "m-candidates",
     "min_delta": 0.5,
     "max_dev_drop": 1.0,
     "min_domain_delta": 1.0,
@@ -132,6 +133,8 @@ def test_gate_config_comes_from_params_yaml_only():
         ({"max_dev_drop": "lots"}, "registry.max_dev_drop must be a number"),
         ({"max_task_drop": 1.0}, "unknown key 'max_task_drop' in section 'registry'"),
         ({"experiment_model_name": "m"}, "must differ from model_name"),
+        ({"candidate_model_name": "m"}, "candidate_model_name must differ from model_name"),
+        ({"candidate_model_name": "m-exp"}, "candidate_model_name must differ from model_name"),
     ],
 )
 def test_gate_config_errors_name_the_key_in_one_line(change, message):
@@ -143,6 +146,10 @@ def test_gate_config_errors_name_the_key_in_one_line(change, message):
 def test_gate_config_missing_key_or_section():
     with pytest.raises(ParamsError, match="registry.min_domain_delta is missing"):
         GateConfig.from_params({"registry": {k: v for k, v in SECTION.items() if k != "min_domain_delta"}})
+    with pytest.raises(ParamsError, match="registry.candidate_model_name is missing"):
+        GateConfig.from_params(
+            {"registry": {k: v for k, v in SECTION.items() if k != "candidate_model_name"}}
+        )
     with pytest.raises(ParamsError, match="section 'registry' is missing"):
         GateConfig.from_params({})
 

@@ -1,0 +1,286 @@
+"""The gate process: the only holder of the gate's MLflow account under `make serve`.
+
+    python -m sentcl_mlflow.registry.gatekeeper --password-stdin   # infra/serve.sh starts it so
+
+The worker, its flow runs and their stages hold the registrar's account: they register candidates into
+``registry.candidate_model_name`` and cannot move ``champion``. This process polls that model every
+``--interval`` seconds; each version that is ``ready`` with no verdict yet is judged by the gate of
+``gate._gate_locked`` under the production model's promotion lease: the candidate and the champion
+downloaded and checked against their registration manifests, scored by the gate itself on STS-B dev, SICK-R
+trial and the candidate's domain (or teacher-agreement) pairs when its registration logged some, compared by
+``gate_decision``. On "promoted" the version is copied into the production model (the copy keeps the source
+files and the manifest), the copy verified, and ``champion`` set there. The verdict and the gate's scores are
+tags on the candidate (``gate.*``; a tampered one ``sentcl.state=refused``); one log line per decision.
+
+A candidate asks for nothing but "look at me": which version, which files, which dev pairs and which rules
+are the gate's. At start the process makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so another
+process of the same (non-root) OS user cannot read its ``/proc/<pid>/environ`` or ``mem``, nor ptrace it; the
+password comes on stdin, never through the environment or a file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import io
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE
+from sentcl_mlflow.errors import GateRefusedError
+from sentcl_mlflow.registry.names import READY
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+    from sentcl.registry.rules import Scores
+    from sentcl_mlflow.registry.measure import Scorer
+
+# On a candidate version: the files the gate scores it on besides its own dev pairs, logged with the
+# candidate's run at registration ({"domain_dev": {"path": <artifact path>, "sha256": <digest>}}).
+TAG_GATE_INPUTS = "sentcl.gate_inputs"
+DOMAIN_DEV_ARTIFACT = "gate-inputs/domain_dev.tsv"
+TAG_DECISION = "gate.decision"
+PR_SET_DUMPABLE = 4
+
+
+def close_process() -> None:
+    """No core dumps, and /proc/<pid>/environ, /proc/<pid>/mem and ptrace closed to every process without
+    CAP_SYS_PTRACE (every process of the same OS user unless it is root)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def gate_inputs_tag(domain_dev: Path) -> str:
+    """What the registrar tags its candidate with when it logs ``domain_dev`` as DOMAIN_DEV_ARTIFACT."""
+    digest = hashlib.sha256(Path(domain_dev).read_bytes()).hexdigest()
+    return json.dumps({"domain_dev": {"path": DOMAIN_DEV_ARTIFACT, "sha256": digest}}, sort_keys=True)
+
+
+def pending(mlc: MlflowClient, source: str) -> list[str]:
+    """Versions of ``source`` that are ready and have no verdict yet, oldest first."""
+    found = []
+    for version in mlc.search_model_versions(f"name='{source}'"):
+        tags = version.tags or {}
+        if tags.get(TAG_STATE) == READY and TAG_DECISION not in tags:
+            found.append(str(version.version))
+    return sorted(found, key=int)
+
+
+def _domain_dev(mlc: MlflowClient, source: str, version: Any, dest: Path) -> Path | None:
+    """The candidate's domain dev pairs, downloaded from its run and checked against the digest recorded at
+    registration (the shared experiment is editable by teammates: a changed file is a refusal)."""
+    import mlflow
+
+    from sentcl_mlflow.registry.measure import refuse
+
+    raw = (version.tags or {}).get(TAG_GATE_INPUTS)
+    if not raw:
+        return None
+    try:
+        entry = json.loads(raw)["domain_dev"]
+        path = mlflow.artifacts.download_artifacts(
+            run_id=version.run_id, artifact_path=entry["path"], dst_path=str(dest)
+        )
+        ok = hashlib.sha256(Path(path).read_bytes()).hexdigest() == entry["sha256"]
+    except (ValueError, KeyError, TypeError, OSError) as e:
+        ok, path = False, f"unreadable ({type(e).__name__})"
+    if not ok:
+        reason = f"its domain dev pairs {path} differ from those recorded at registration"
+        refuse(mlc, source, str(version.version), reason)
+        raise GateRefusedError(
+            f"gate refused {source} version {version.version}: {reason}; champion not moved"
+        )
+    return Path(path)
+
+
+def judge(
+    source: str, version: str, params: Mapping[str, Any], dev_pairs: Path | None = None
+) -> dict[str, Any]:
+    """The gate on ``source`` version ``version`` against the production model's champion, under its lease."""
+    from sentcl_mlflow.registry.gate import _gate_locked, _scorer
+    from sentcl_mlflow.registry.lease import promotion_lock
+    from sentcl_mlflow.registry.names import gate_config
+    from sentcl_mlflow.registry.versions import finish_unfinished
+    from sentcl_mlflow.store import caller_identity, client
+
+    config = gate_config(params)
+    mlc = client()
+    with promotion_lock(config.model_name, mlc=mlc) as lease, tempfile.TemporaryDirectory() as tmp:
+        finish_unfinished(mlc, config.model_name)
+        candidate = mlc.get_model_version(source, version)
+        domain = _domain_dev(mlc, source, candidate, Path(tmp))
+        make_scorer = _weights_checked(source, _scorer(params, dev_pairs, domain, None))
+        caller = (caller_identity(), None)
+        return _gate_locked(
+            mlc, config.model_name, version, config, caller, make_scorer, False, False, lease, source
+        )
+
+
+def _weights_checked(source: str, make_scorer: Callable[[], Scorer]) -> Callable[[], Scorer]:
+    """The gate's scorer, which first checks that a candidate's verified files hold the weights its tag names:
+    the rolled-back-weights block reads that tag, and the registrar may edit its own candidates' tags."""
+    from sentcl.registry.rules import version_weights, weight_file_digests, weights_fingerprint
+    from sentcl_mlflow.registry.download import st_folder_in
+
+    def make() -> Scorer:
+        score = make_scorer()
+
+        def checked(version: Any, root: Path) -> Scores:
+            if getattr(version, "name", None) == source:
+                claimed = version_weights(version.tags or {}) or ""
+                actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
+                if claimed != actual:  # a ValueError: measure() refuses the version, one line
+                    raise ValueError(
+                        f"its weights hash to {actual[:12]}, not {claimed[:12] or 'nothing'} (its tag)"
+                    )
+            return score(version, root)
+
+        return checked
+
+    return make
+
+
+def decision_line(result: Mapping[str, Any]) -> str:
+    return (
+        f"gate: {result['model']} version {result['version']} {result['decision'].upper()} "
+        f"(champion {result['champion_before'] or '-'} -> {result['champion_after'] or '-'}): "
+        + "; ".join(result["reasons"])
+    )
+
+
+def verdict(mlc: MlflowClient, name: str, version: str) -> dict[str, Any] | None:
+    """The gate process's verdict on ``name`` version ``version``, read from its tags; None while it has none."""
+    tags = mlc.get_model_version(name, version).tags or {}
+    if tags.get(TAG_STATE) == REFUSED:
+        return {"decision": "refused", "reasons": [tags.get(TAG_REFUSED, "")], "champion_after": None}
+    if TAG_DECISION not in tags:
+        return None
+    return {
+        "decision": tags[TAG_DECISION],
+        "reasons": [r for r in tags.get("gate.reasons", "").split("; ") if r],
+        "champion_after": tags.get("gate.champion_version") or tags.get("gate.champion_before") or None,
+    }
+
+
+def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 2.0) -> dict[str, Any] | None:
+    """What the registrar does after registering: wait (at most ``timeout_s``) for the gate's verdict."""
+    from sentcl_mlflow.store import client
+
+    mlc = client()
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = verdict(mlc, name, version)
+        if found is not None or time.monotonic() >= deadline:
+            return found
+        time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
+
+
+def run(
+    source: str, params: Mapping[str, Any], dev_pairs: Path | None, interval_s: float, once: bool
+) -> None:
+    """Judge what is pending, sleep, again. A server that does not answer or a busy lease: one line, retried on
+    the next poll; a refused candidate: one line (it is tagged, so not pending any more)."""
+    from sentcl_mlflow.errors import one_line
+    from sentcl_mlflow.store import client
+
+    failures: dict[str, int] = {}
+    said: set[str] = set()
+    while True:
+        try:
+            waiting = pending(client(), source)
+        except Exception as e:
+            known = one_line("gate", e)
+            _say(said, known[1] if known else f"gate: cannot list {source}: {type(e).__name__}: {e}")
+            waiting = []
+        for version in waiting:
+            try:
+                # One line per decision: what the gate's steps print on the way ("scoring on ...") is dropped.
+                with contextlib.redirect_stdout(io.StringIO()):
+                    result = judge(source, version, params, dev_pairs)
+                print(decision_line(result), flush=True)
+            except GateRefusedError as e:
+                print(str(e), flush=True)
+            except Exception as e:
+                message = str(e).splitlines()[0] if str(e) else ""
+                failures[version] = failures.get(version, 0) + 1
+                _say(said, f"gate: {source} version {version} not judged yet: {type(e).__name__}: {message}")
+                if failures[version] >= 3:  # not transient: a verdict, so nobody waits on it forever
+                    _error_verdict(source, version, f"{type(e).__name__}: {message}")
+        if once:
+            return
+        time.sleep(interval_s)
+
+
+def _say(said: set[str], line: str) -> None:
+    if line not in said:  # a lasting problem is one line, not one per poll
+        said.add(line)
+        print(line, flush=True)
+
+
+def _error_verdict(source: str, version: str, reason: str) -> None:
+    from sentcl_mlflow.store import client
+
+    try:
+        mlc = client()
+        mlc.set_model_version_tag(source, version, "gate.reasons", f"the gate could not judge it: {reason}")
+        mlc.set_model_version_tag(source, version, TAG_DECISION, "error")
+        print(f"gate: {source} version {version} ERROR (not judged after 3 tries): {reason}", flush=True)
+    except Exception:
+        pass  # the server is down: the version stays pending and is tried again
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="The gate process: judge the candidates model's new versions."
+    )
+    parser.add_argument("--password-stdin", action="store_true", help="read the gate's password from stdin")
+    parser.add_argument("--user", default=os.environ.get("SENTCL_GATE_USER") or "sentcl-gate")
+    parser.add_argument("--params", type=Path, help="params.yaml to read (default: the checkout's)")
+    parser.add_argument("--processed", type=Path, help="folder with the validate stage's pairs.parquet")
+    parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
+    parser.add_argument("--once", action="store_true", help="judge what is pending, then exit")
+    args = parser.parse_args(argv)
+    close_process()  # before the password is read
+    # Its log is one line per decision: no download or weight-loading progress bars around them.
+    os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if args.password_stdin:
+        password = sys.stdin.readline().rstrip("\n")
+        if not password:
+            print("gate: no password on stdin", file=sys.stderr)
+            return 2
+        # Set in this process only: /proc/<pid>/environ shows the environment it started with, not this.
+        os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = args.user, password
+        del password
+    from sentcl.registry.rules import GateConfig
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client, load_params_file
+
+    params = load_params_file(args.params)
+    source = GateConfig.from_params(params).candidate_model_name
+    try:
+        client()
+    except TrackingAuthError as e:
+        print(f"gate: {e}", file=sys.stderr)
+        return 2
+    except TrackingUnavailableError as e:
+        print(f"gate: {e}", file=sys.stderr)
+        return 75
+    dev_pairs = args.processed / "pairs.parquet" if args.processed else None
+    print(f"gate: watching {source} every {args.interval:g}s as {args.user}", flush=True)
+    run(source, params, dev_pairs, args.interval, args.once)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

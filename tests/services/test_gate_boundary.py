@@ -1,0 +1,140 @@
+"""The operator's row of docs/registry-security.md: the Prefect auth string runs code on the worker, and still
+cannot move champion nor read the gate's password.
+
+`make serve` for real (infra/serve.sh: Prefect server, MLflow server with basic auth, the gate process, the
+worker, the watcher), then what a holder of the Prefect auth string can do: create a deployment of
+``flows/promote.py:promote_flow`` with ``force=True`` and a ``run_shell_script`` pull step that dumps its
+environment, the ``.env`` file and the gate process's ``/proc/<pid>/environ``, and run it on the worker.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sentcl.registry.rules import GateConfig
+from sentcl_mlflow import store
+from sentcl_mlflow.store import load_params_file
+from tests.paths import ROOT
+from tests.services.test_infra import GATE_PASSWORD, SECRETS, _environ, _free_port, _post_prefect, _serve
+
+PROD = GateConfig.from_params(load_params_file()).model_name
+POOL = "sentcl-gpu-local"  # infra/serve.sh's default pool
+
+
+def _wait_for_run(port: int, auth: str, run_id: str, seconds: float = 420) -> dict:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        run = _post_prefect(port, auth, f"flow_runs/{run_id}", method="GET")
+        if run["state_type"] in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return run
+        time.sleep(2)
+    pytest.fail(f"flow run {run_id} did not finish in {seconds}s")
+
+
+@pytest.mark.slow  # ~3-5 min on 2 busy cores: make serve, a flow run on its worker, make stop
+def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate_password(
+    tmp_path, monkeypatch
+):
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    env_file = tmp_path / "dot.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()) + "SENTCL_TEAM_USER=teammate\n")
+    env_file.chmod(0o600)
+    run_dir = tmp_path / "run"
+    env = dict(
+        os.environ,
+        VENV=str(Path(sys.executable).parent.parent),
+        SENTCL_RUN_DIR=str(run_dir),
+        SENTCL_ENV_FILE=str(env_file),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_PORT=str(prefect_port),
+        MLFLOW_PORT=str(mlflow_port),
+        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_INBOX=str(tmp_path / "inbox"),
+        SENTCL_GATE_PASSWORD=GATE_PASSWORD,  # the environment of make serve: never .env
+    )
+    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME"):
+        env.pop(key, None)
+    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    pulled = tmp_path / "pulled"
+    pulled.mkdir()
+    try:
+        serve = _serve(env)
+        assert serve.returncode == 0, serve.stdout + serve.stderr
+        pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")}
+        assert "gate" in pids and "worker" in pids
+
+        # The admin registers two versions into production by hand; version 1 is champion.
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{mlflow_port}")
+        monkeypatch.setenv("MLFLOW_TRACKING_USERNAME", "admin")
+        monkeypatch.setenv("MLFLOW_TRACKING_PASSWORD", SECRETS["MLFLOW_AUTH_ADMIN_PASSWORD"])
+        store._configured = None
+        mlc = store.client()
+        run_id = mlc.create_run(store.experiment_id(mlc)).info.run_id
+        (tmp_path / "w.bin").write_bytes(b"weights")
+        mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
+        source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
+        for _ in range(2):
+            mlc.create_model_version(PROD, source, run_id=run_id)
+        mlc.set_registered_model_alias(PROD, "champion", "1")
+
+        # The holder of the Prefect auth string: a deployment of the gate's flow, forced, with a pull step
+        # that looks for the gate's password wherever this OS user might find it. It exits 0 whatever it
+        # finds, so the flow itself runs.
+        auth = "Basic " + base64.b64encode(SECRETS["PREFECT_AUTH_STRING"].encode()).decode()
+        gate_pid = pids["gate"]
+        script = (
+            f"bash -c 'env > {pulled}/env.txt; cat {env_file} > {pulled}/dotenv.txt 2>&1; "
+            f"cat /proc/{gate_pid}/environ > {pulled}/gate-environ.txt 2>&1; "
+            'echo "pull step: gate=$SENTCL_GATE_PASSWORD mlflow=$MLFLOW_TRACKING_PASSWORD"; true\''
+        )
+        flow_id = _post_prefect(prefect_port, auth, "flows/", {"name": "sentcl-promote"})["id"]
+        deployment = _post_prefect(
+            prefect_port,
+            auth,
+            "deployments/",
+            {
+                "name": "rogue-force",
+                "flow_id": flow_id,
+                "entrypoint": "flows/promote.py:promote_flow",
+                "work_pool_name": POOL,
+                "work_queue_name": "default",
+                "parameters": {"force": True, "version": "2", "actor": "mallory"},
+                "pull_steps": [
+                    {"prefect.deployments.steps.set_working_directory": {"directory": str(ROOT)}},
+                    {"prefect.deployments.steps.run_shell_script": {"script": script}},
+                ],
+            },
+        )
+        flow_run = _post_prefect(prefect_port, auth, f"deployments/{deployment['id']}/create_flow_run", {})
+        finished = _wait_for_run(prefect_port, auth, flow_run["id"])
+        logs = _post_prefect(
+            prefect_port, auth, "logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}
+        )
+        messages = "\n".join(entry["message"] for entry in logs)
+
+        assert finished["state_type"] == "FAILED", (finished["state_type"], messages[-3000:])
+        assert "PromotionLeaseDenied" in messages or "may not take" in messages, messages[-3000:]
+        assert str(mlc.get_model_version_by_alias(PROD, "champion").version) == "1"  # champion did not move
+        dumped = {p.name: p.read_text(errors="replace") for p in pulled.iterdir()}
+        assert set(dumped) == {"env.txt", "dotenv.txt", "gate-environ.txt"}, dumped
+        # The pull step ran with the worker's environment: the registrar's account, never the gate's.
+        assert SECRETS["SENTCL_REGISTRAR_PASSWORD"] in dumped["env.txt"]
+        worker_log = (run_dir / "worker.log").read_text()
+        for where, text in {**dumped, "flow run logs": messages, "worker.log": worker_log}.items():
+            assert GATE_PASSWORD not in text, where
+        assert GATE_PASSWORD.encode() not in _environ(gate_pid)  # on its stdin, never in its environment
+        assert "gate: watching" in (run_dir / "gate.log").read_text()
+    finally:
+        stop = subprocess.run(
+            ["bash", "infra/stop.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
+        )
+        store._configured = None
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert "stop: gate (pid" in stop.stdout and "stopped" in stop.stdout, stop.stdout

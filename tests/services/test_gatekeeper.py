@@ -1,0 +1,407 @@
+"""Only the gate moves champion: the gate process, the registrar's account, and every other account's limits.
+
+A real MLflow server with the basic-auth app (``infra/mlflow-server.sh``, as `make serve` starts it) and the
+accounts ``sentcl_mlflow.auth setup`` makes, with params.yaml's model names. The gate process
+(``python -m sentcl_mlflow.registry.gatekeeper``, its password on stdin as `make serve` hands it) runs for the
+module; the registrar registers candidates as `make serve`'s flows do, and the gate's verdicts are read back
+from the registry. Each row of docs/registry-security.md's table of accounts names the test that backs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sentcl.registry.rules import GateConfig, weight_file_digests, weights_fingerprint
+from sentcl_mlflow import auth, store
+from sentcl_mlflow.registry.download import download_verified
+from sentcl_mlflow.registry.gate import promote
+from sentcl_mlflow.registry.gatekeeper import DOMAIN_DEV_ARTIFACT, TAG_GATE_INPUTS, gate_inputs_tag, verdict
+from sentcl_mlflow.registry.lease import PromotionLeaseDenied
+from sentcl_mlflow.store import load_params_file
+from tests.paths import ROOT
+from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
+from tests.services.test_gate_measures import spearman_of
+from tests.services.test_mlflow_outage import make_release
+from tests.services.test_registry import PLUS1, write_dev_pairs
+from tests.tiny import make_tiny_encoder, tiny_sentences
+
+REGISTRAR = ("sentcl-registrar", "registrar-secret-for-tests-1")
+READER = ("reader", "reader-secret-for-tests-1")  # an account with no grant: the server's default, READ
+CONFIG = GateConfig.from_params(load_params_file())
+PROD, CANDIDATES = CONFIG.model_name, CONFIG.candidate_model_name
+
+
+def _setup(monkeypatch) -> dict[str, str]:
+    as_user(monkeypatch, ADMIN)
+    for key, value in {
+        "SENTCL_GATE_USER": GATE[0],
+        "SENTCL_GATE_PASSWORD": GATE[1],
+        "SENTCL_REGISTRAR_USER": REGISTRAR[0],
+        "SENTCL_REGISTRAR_PASSWORD": REGISTRAR[1],
+        "SENTCL_TEAM_USER": TEAM[0],
+        "SENTCL_TEAM_PASSWORD": TEAM[1],
+    }.items():
+        monkeypatch.setenv(key, value)
+    accounts = auth.setup()
+    auth.ensure_user(auth._auth_client(), *READER)
+    return accounts
+
+
+@pytest.fixture(scope="module")
+def gate_process(auth_server, tmp_path_factory):  # noqa: F811 (the fixture imported above)
+    """Accounts set up, tiny encoders and dev pairs made, and the gate process running (1 s polls)."""
+    base = tmp_path_factory.mktemp("gatekeeper")
+    with pytest.MonkeyPatch.context() as mp:
+        assert _setup(mp) == {"gate": GATE[0], "registrar": REGISTRAR[0], "team": TEAM[0]}
+    models = {
+        name: make_tiny_encoder(base, name, seed=seed, dropout=0.0)
+        for name, seed in (("good", 11), ("poor", 12), ("other", 13), ("fourth", 14), ("fifth", 15))
+    }
+    processed = write_dev_pairs(base / "processed", models["good"])
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("MLFLOW_TRACKING_USER", "MLFLOW_TRACKING_PASS"))
+    }
+    env.update(MLFLOW_TRACKING_URI=auth_server, SENTCL_GATE_USER=GATE[0])
+    env.pop("PREFECT_API_URL", None)
+    log = base / "gate.log"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "sentcl_mlflow.registry.gatekeeper", "--password-stdin"]
+        + ["--processed", str(processed), "--interval", "1"],
+        cwd=ROOT,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    process.stdin.write(GATE[1] + "\n")
+    process.stdin.close()
+    deadline = time.monotonic() + 120
+    while "gate: watching" not in log.read_text():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"the gate process did not start: {log.read_text()[-3000:]}")
+        time.sleep(0.5)
+    yield {"process": process, "log": log, "processed": processed, "base": base, **models}
+    process.terminate()
+    process.wait(20)
+
+
+def _register(
+    folder: Path, stsb_dev: float, sick_dev: float, tags: dict | None = None, before_ready=None
+) -> tuple[str, str]:
+    """(version, run id): ``folder`` registered into the candidates model as the registrar, with the score
+    tags its registrant claims. ``before_ready(run_id, version)`` runs after the registration manifest is recorded
+    and before the version is ``ready`` (what the gate process waits for), so nothing races it."""
+    from sentcl_mlflow.registry.lease import promotion_lock
+    from sentcl_mlflow.registry.versions import _register_locked
+
+    mlc = store.client()
+    run_id = mlc.create_run(store.experiment_id(mlc), run_name=folder.name).info.run_id
+    mlc.log_artifacts(run_id, str(folder), "model")
+    mlc.set_terminated(run_id)
+    with promotion_lock(CANDIDATES, mlc=mlc):  # what register_candidate does, with a pause before `ready`
+        version, created = _register_locked(
+            mlc,
+            CANDIDATES,
+            f"{mlc.get_run(run_id).info.artifact_uri}/model",
+            stsb_dev,
+            PLUS1,
+            weights_fingerprint(weight_file_digests(folder)),
+            {"dev_scores": json.dumps({"sick_dev": sick_dev}), **(tags or {})},
+            run_id,
+        )
+        assert created
+        if before_ready is not None:
+            before_ready(run_id, version)
+        mlc.set_model_version_tag(CANDIDATES, version, "sentcl.state", "ready")
+    return version, run_id
+
+
+def _verdict(version: str, seconds: float = 180) -> dict:
+    mlc = store.client()
+    deadline = time.monotonic() + seconds
+    while (found := verdict(mlc, CANDIDATES, version)) is None:
+        assert time.monotonic() < deadline, f"no verdict on {CANDIDATES} version {version}"
+        time.sleep(1)
+    return found
+
+
+def _lines(gate: dict, version: str) -> list[str]:
+    """The gate process's log lines about ``version`` (one per decision, none of them a progress bar)."""
+    pattern = re.compile(rf"\b{re.escape(CANDIDATES)} version {version}\b")
+    return [line for line in gate["log"].read_text().splitlines() if pattern.search(line)]
+
+
+def _champion(mlc) -> str:
+    return str(mlc.get_model_version_by_alias(PROD, "champion").version)
+
+
+def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_first_model(
+    gate_process, monkeypatch, tmp_path
+):
+    """`make serve`'s worker runs stages as the registrar (SENTCL_REGISTRY_ROLE=registrar): the stage registers
+    into the candidates model, waits for the gate process and prints its verdict. The first model ever becomes
+    champion of the production model as a verified copy of the candidate."""
+    release = make_release(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env.update(
+        MLFLOW_TRACKING_USERNAME=REGISTRAR[0],
+        MLFLOW_TRACKING_PASSWORD=REGISTRAR[1],
+        SENTCL_REGISTRY_ROLE="registrar",
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "stages.register",
+            "--release",
+            str(release),
+            "--summary",
+            str(tmp_path / "r.json"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"registered {CANDIDATES} version 1 as challenger" in out.stdout, out.stdout
+    assert f"the gate's verdict on {CANDIDATES} version 1: PROMOTED" in out.stdout, out.stdout
+    summary = json.loads((tmp_path / "r.json").read_text())
+    assert summary["registered_model"] == CANDIDATES and summary["gate"]["decision"] == "promoted"
+
+    as_user(monkeypatch, READER)
+    mlc = store.client()
+    champion = mlc.get_model_version_by_alias(PROD, "champion")
+    assert champion.tags["gate.candidate"] == f"{CANDIDATES}/1" and champion.tags["gate.by"] == GATE[0]
+    assert champion.source == f"models:/{CANDIDATES}/1"  # MLflow's copy: the candidate's own files
+    download_verified(f"models:/{PROD}@champion", tmp_path / "champion")  # its manifest holds for the copy
+    assert mlc.get_model_version(CANDIDATES, "1").tags["gate.champion_version"] == str(champion.version)
+    log = gate_process["log"].read_text().splitlines()
+    assert log[0].startswith("gate: watching") and all(line.startswith("gate") for line in log), log
+    lines = _lines(gate_process, "1")
+    assert len(lines) == 1 and "PROMOTED (champion - -> 1)" in lines[0] and "first model" in lines[0], lines
+
+
+def test_the_gate_process_scores_a_candidate_itself_whatever_its_tags_claim(gate_process, monkeypatch):
+    """The registrant's score tags are its own claims: a good model claiming 10 is promoted, a poor one
+    claiming 99 is rejected, on the gate's own scores (tagged gate.*), computed here independently."""
+    as_user(monkeypatch, REGISTRAR)
+    before = _champion(store.client())
+    good, _ = _register(gate_process["good"], 10.0, 10.0)
+    assert _verdict(good)["decision"] == "promoted"
+    mlc = store.client()
+    assert _champion(mlc) != before
+    good_champion = _champion(mlc)
+
+    poor, _ = _register(gate_process["poor"], 99.0, 99.0)
+    found = _verdict(poor)
+    assert found["decision"] == "rejected" and _champion(mlc) == good_champion
+    tags = mlc.get_model_version(CANDIDATES, poor).tags
+    pairs = gate_process["processed"] / "pairs.parquet"
+    assert float(tags["gate.stsb_dev"]) == pytest.approx(
+        spearman_of(gate_process["poor"], pairs, "STSb"), abs=0.05
+    )
+    assert float(tags["gate.sick_dev"]) == pytest.approx(
+        spearman_of(gate_process["poor"], pairs, "SICK-R"), abs=0.05
+    )
+    assert float(tags["gate.champion_stsb_dev"]) > 99.0 > float(tags["gate.stsb_dev"])
+    assert float(tags["stsb_dev"]) == 99.0  # the claim stays on record, unread
+    lines = _lines(gate_process, poor)
+    assert len(lines) == 1 and "REJECTED" in lines[0] and "stsb_dev 99.00" not in lines[0], lines
+
+
+def test_a_candidate_changed_after_registration_is_refused_in_one_line(gate_process, monkeypatch, tmp_path):
+    """Its MLmodel replaced after registration (anyone with EDIT on the experiment can overwrite a run's
+    artifacts): refused before scoring, one line, tagged refused, champion unchanged."""
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    before = _champion(mlc)
+    folder = tmp_path / "tampered"
+    shutil.copytree(gate_process["other"], folder)
+    (folder / "MLmodel").write_text("flavors: {}\n")
+    swapped = tmp_path / "swap" / "MLmodel"
+    swapped.parent.mkdir()
+    swapped.write_text("flavors: {python_function: {loader_module: os}}\n")
+    # Swapped after its manifest was recorded (replaces model/MLmodel in the store), before it is ready.
+    version, _ = _register(
+        folder, 60.0, 60.0, before_ready=lambda run, _: mlc.log_artifact(run, str(swapped), "model")
+    )
+    found = _verdict(version)
+    assert found["decision"] == "refused" and "MLmodel changed since registration" in found["reasons"][0], (
+        found
+    )
+    tags = mlc.get_model_version(CANDIDATES, version).tags
+    assert tags["sentcl.state"] == "refused" and "gate.decision" not in tags
+    assert _champion(mlc) == before
+    lines = _lines(gate_process, version)
+    assert len(lines) == 1 and "refused" in lines[0] and "champion not moved" in lines[0], lines
+
+
+def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_changed_ones(
+    gate_process, monkeypatch, tmp_path
+):
+    """The pairs a retrain passes as --domain-dev travel with the candidate's run (their digest on the version):
+    the gate scores the candidate and the champion on them; a file changed after registration is a refusal."""
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl_mlflow.release import _log_gate_inputs
+
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    sentences = tiny_sentences(40, seed=31)
+    encode = FastEncoder(gate_process["good"], backend="torch")  # the champion's own cosines: it scores ~100
+    gold = cosine(encode(sentences[0::2]), encode(sentences[1::2]))
+    dev = tmp_path / "agreement.tsv"
+    dev.write_text(
+        "".join(
+            f"{a}\t{b}\t{g:.5f}\n" for a, b, g in zip(sentences[0::2], sentences[1::2], gold, strict=True)
+        )
+    )
+    inputs = {TAG_GATE_INPUTS: gate_inputs_tag(dev)}
+    version, _ = _register(
+        gate_process["other"], 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev)
+    )
+    found = _verdict(version)
+    tags = mlc.get_model_version(CANDIDATES, version).tags
+    assert found["decision"] == "rejected", found
+    assert float(tags["gate.champion_domain_dev"]) > 99.0 > float(tags["gate.domain_dev"])
+
+    changed = tmp_path / "changed" / "domain_dev.tsv"
+    changed.parent.mkdir()
+    changed.write_text(dev.read_text() + "an added pair\tof sentences\t0.5\n")
+
+    def log_changed(
+        run: str, _version: str
+    ) -> None:  # logged, then overwritten (a teammate's EDIT on the experiment)
+        _log_gate_inputs(run, dev)
+        mlc.log_artifact(run, str(changed), DOMAIN_DEV_ARTIFACT.rsplit("/", 1)[0])
+
+    version, _ = _register(gate_process["fourth"], 99.0, 99.0, inputs, log_changed)
+    found = _verdict(version)
+    assert found["decision"] == "refused" and "domain dev pairs" in found["reasons"][0], found
+
+
+def test_a_candidate_whose_weights_tag_is_not_its_files_is_refused(gate_process, monkeypatch):
+    """The registrar may edit its candidates' tags: one naming other weights (a rolled-back version's block
+    reads that tag) is refused once the gate has hashed the verified files itself."""
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    other_weights = mlc.get_model_version(CANDIDATES, "1").tags["weights.sha256"]
+    version, _ = _register(
+        gate_process["fifth"],
+        99.0,
+        99.0,
+        before_ready=lambda _, number: mlc.set_model_version_tag(
+            CANDIDATES, number, "weights.sha256", other_weights
+        ),
+    )
+    found = _verdict(version)
+    assert found["decision"] == "refused" and "its weights hash to" in found["reasons"][0], found
+
+
+# ------------------------------------------------- the table of accounts: what each cannot do to champion
+
+
+def _denied(call) -> None:  # noqa: ANN001
+    from mlflow.exceptions import MlflowException
+
+    with pytest.raises(MlflowException) as denied:
+        call()
+    assert "PERMISSION_DENIED" in str(denied.value.error_code), denied.value
+
+
+def test_the_registrar_registers_candidates_and_cannot_move_champion(gate_process, monkeypatch, tmp_path):
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    champion = _champion(mlc)  # it reads production (the retrain flow starts from the champion)
+    other = next(v.version for v in mlc.search_model_versions(f"name='{PROD}'") if str(v.version) != champion)
+    _denied(lambda: mlc.set_registered_model_alias(PROD, "champion", other))
+    _denied(lambda: mlc.delete_registered_model_alias(PROD, "champion"))
+    _denied(lambda: mlc.create_model_version(PROD, f"models:/{CANDIDATES}/1"))
+    with pytest.raises(PromotionLeaseDenied):  # the CLI's forced promotion, as the worker's account
+        promote(
+            PROD,
+            version=other,
+            actor="mallory",
+            force=True,
+            dev_pairs=gate_process["processed"] / "pairs.parquet",
+        )
+    assert _champion(mlc) == champion
+    mlc.set_registered_model_alias(CANDIDATES, "challenger", "1")  # its own model: it may
+
+
+def test_a_teammate_cannot_move_champion_nor_touch_candidates(gate_process, monkeypatch):
+    as_user(monkeypatch, TEAM)
+    mlc = store.client()
+    champion = _champion(mlc)
+    _denied(lambda: mlc.set_registered_model_alias(PROD, "champion", champion))
+    _denied(lambda: mlc.set_registered_model_alias(CANDIDATES, "challenger", "1"))
+    _denied(lambda: mlc.set_model_version_tag(CANDIDATES, "1", "gate.decision", "promoted"))
+    _denied(lambda: mlc.create_model_version(CANDIDATES, f"models:/{CANDIDATES}/1"))
+
+
+def test_a_reader_with_no_grant_reads_and_cannot_move_champion(gate_process, monkeypatch):
+    as_user(monkeypatch, READER)
+    mlc = store.client()
+    champion = _champion(mlc)
+    _denied(lambda: mlc.set_registered_model_alias(PROD, "champion", champion))
+    _denied(lambda: mlc.set_registered_model_alias(CANDIDATES, "challenger", "1"))
+
+
+# ------------------------------------------------- the gate process's memory and environment, to its own user
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv"), reason="needs root to switch to nobody")
+@pytest.mark.parametrize("closed", [True, False])
+def test_a_non_dumpable_process_hides_its_environ_from_its_own_os_user(closed, tmp_path):
+    """What ``close_process`` (the gate process's first call) buys: another process of the same ordinary OS
+    user (here both run as ``nobody``) cannot read its /proc/<pid>/environ; without it, it can. The function's
+    own source runs, under the system python (the venv's may not be readable by nobody)."""
+    import inspect
+
+    from sentcl_mlflow.registry.gatekeeper import PR_SET_DUMPABLE, close_process
+
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
+    body = f"PR_SET_DUMPABLE = {PR_SET_DUMPABLE}\n" + inspect.getsource(close_process)
+    body += (
+        "close_process()\n" if closed else ""
+    ) + "print('ready', flush=True)\nimport time\ntime.sleep(60)\n"
+    holder = subprocess.Popen(
+        [*as_nobody, body],
+        cwd=tmp_path,
+        env={"PATH": "/usr/bin:/bin", "HOLDER_SECRET": "in-the-environment-1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        reader = subprocess.run(
+            [*as_nobody, f"print(open('/proc/{holder.pid}/environ', 'rb').read())"],
+            cwd=tmp_path,
+            env={"PATH": "/usr/bin:/bin"},
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        holder.kill()
+        holder.wait(10)
+    if closed:
+        assert reader.returncode != 0 and "PermissionError" in reader.stderr, reader.stdout + reader.stderr
+    else:
+        assert reader.returncode == 0 and "in-the-environment-1" in reader.stdout, reader.stderr
