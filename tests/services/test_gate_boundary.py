@@ -38,7 +38,8 @@ def _wait_for_run(port: int, auth: str, run_id: str, seconds: float = 420) -> di
     pytest.fail(f"flow run {run_id} did not finish in {seconds}s")
 
 
-@pytest.mark.slow  # ~3-5 min on 2 busy cores: make serve, a flow run on its worker, make stop
+# In make test although it takes ~2 min (make serve, a flow run on its worker, make stop): it is the proof that
+# the Prefect auth string cannot move champion.
 def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate_password(
     tmp_path, monkeypatch
 ):

@@ -149,6 +149,7 @@ def _champion(mlc) -> str:
     return str(mlc.get_model_version_by_alias(PROD, "champion").version)
 
 
+@pytest.mark.slow  # minutes on 2 cores: the register stage as a subprocess, then a verdict
 def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_first_model(
     gate_process, monkeypatch, tmp_path
 ):
@@ -197,6 +198,7 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
     assert len(lines) == 1 and "PROMOTED (champion - -> 1)" in lines[0] and "first model" in lines[0], lines
 
 
+@pytest.mark.slow  # minutes on 2 cores: two verdicts; the in-process gate's false-tags case is test_gate_measures.py's, in make test
 def test_the_gate_process_scores_a_candidate_itself_whatever_its_tags_claim(gate_process, monkeypatch):
     """The registrant's score tags are its own claims: a good model claiming 10 is promoted, a poor one
     claiming 99 is rejected, on the gate's own scores (tagged gate.*), computed here independently."""
@@ -252,6 +254,7 @@ def test_a_candidate_changed_after_registration_is_refused_in_one_line(gate_proc
     assert len(lines) == 1 and "refused" in lines[0] and "champion not moved" in lines[0], lines
 
 
+@pytest.mark.slow  # minutes on 2 cores: two verdicts
 def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_changed_ones(
     gate_process, monkeypatch, tmp_path
 ):
