@@ -192,6 +192,16 @@ except urllib.error.HTTPError:
   echo "serve: $1 answers on $2"
 }
 
+wait_log() {  # name, pattern, what: its log shows the pattern within 120 s, or serve stops saying so
+  local deadline=$((SECONDS + 120))
+  until grep -q "$2" "$RUN/$1.log" 2>/dev/null; do
+    if (( SECONDS > deadline )) || ! alive "$1"; then
+      echo "serve: $3 did not start; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1
+    fi
+    sleep 1
+  done
+}
+
 # The server alone holds the auth string as PREFECT_SERVER_API_AUTH_STRING; CORS admits only its own UI
 # (compose's PREFECT_UI_ORIGIN is not make serve's).
 PREFECT_SERVER_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
@@ -246,26 +256,14 @@ START_STDIN="$SENTCL_GATE_PASSWORD"
 SENTCL_GATE_USER="$SENTCL_GATE_USER" start gate "$BIN/python" -m sentcl_mlflow.registry.gatekeeper --password-stdin \
   --interval "${SENTCL_GATE_INTERVAL_S:-5}"
 START_STDIN=""
-deadline=$((SECONDS + 120))
-until grep -q "^gate: watching" "$RUN/gate.log" 2>/dev/null; do
-  if (( SECONDS > deadline )) || ! alive gate; then
-    echo "serve: the gate process did not start; see $RUN/gate.log" >&2; tail -20 "$RUN/gate.log" >&2; exit 1
-  fi
-  sleep 1
-done
+wait_log gate "^gate: watching" "the gate process"
 # The worker's flow runs (and the stages they start) register candidates: the registrar's account only.
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
 MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
   start worker "$BIN/prefect" worker start --pool "$POOL" --type process
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
 # A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
-deadline=$((SECONDS + 120))
-until grep -q "^watch: watching" "$RUN/watcher.log" 2>/dev/null; do
-  if (( SECONDS > deadline )) || ! alive watcher; then
-    echo "serve: the inbox watcher did not start; see $RUN/watcher.log" >&2; tail -20 "$RUN/watcher.log" >&2; exit 1
-  fi
-  sleep 1
-done
+wait_log watcher "^watch: watching" "the inbox watcher"
 
 # What `make stop` checks before it signals a PID: the command line each process runs now (after exec).
 for name in prefect-server mlflow-server gate worker watcher; do

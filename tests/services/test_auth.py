@@ -34,7 +34,7 @@ from sentcl_mlflow.registry.lease import (
 )
 from sentcl_mlflow.registry.names import production_experiment, run_experiment
 from tests.paths import ROOT
-from tests.services.test_mlflow_outage import make_release
+from tests.services.test_mlflow_outage import make_release, register_command
 from tests.services.test_registry import TABLE, as_registered, free_port
 
 ADMIN = ("admin", "admin-secret-for-tests-1")
@@ -309,15 +309,7 @@ def test_a_teammates_make_register_is_refused_in_one_line(auth_server, monkeypat
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DVC_EXP_NAME")}
     env.update(MLFLOW_TRACKING_USERNAME=TEAM[0], MLFLOW_TRACKING_PASSWORD=TEAM[1])
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.register",
-            "--release",
-            str(release),
-            "--summary",
-            str(tmp_path / "r.json"),
-        ],
+        register_command(release, tmp_path),
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -30,7 +30,7 @@ from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
 from tests.services.test_gate_measures import spearman_of
-from tests.services.test_mlflow_outage import make_release
+from tests.services.test_mlflow_outage import make_release, register_command
 from tests.services.test_registry import PLUS1, write_dev_pairs
 from tests.tiny import make_tiny_encoder, tiny_sentences
 
@@ -164,15 +164,7 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
         SENTCL_REGISTRY_ROLE="registrar",
     )
     out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "stages.register",
-            "--release",
-            str(release),
-            "--summary",
-            str(tmp_path / "r.json"),
-        ],
+        register_command(release, tmp_path),
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -200,19 +200,24 @@ def make_release(base: Path) -> Path:
     return folder
 
 
+def register_command(release: Path, tmp_path: Path) -> list[str]:
+    """The register stage on ``release``, its summary in ``tmp_path``: what every registering test runs."""
+    return [
+        sys.executable,
+        "-m",
+        "stages.register",
+        "--release",
+        str(release),
+        "--summary",
+        str(tmp_path / "r.json"),
+    ]
+
+
 def start_register(uri: str, release: Path, tmp_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" and not k.startswith("MLFLOW_HTTP_")}
     env.update(MLFLOW_TRACKING_URI=uri, SENTCL_PROMOTION_LEASE_S=str(LEASE_S), SENTCL_ACTOR="outage-test")
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "stages.register",
-            "--release",
-            str(release),
-            "--summary",
-            str(tmp_path / "r.json"),
-        ],
+        register_command(release, tmp_path),
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
