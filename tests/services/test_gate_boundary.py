@@ -115,10 +115,21 @@ def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate
         )
         flow_run = _post_prefect(prefect_port, auth, f"deployments/{deployment['id']}/create_flow_run", {})
         finished = _wait_for_run(prefect_port, auth, flow_run["id"])
-        logs = _post_prefect(
-            prefect_port, auth, "logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}
-        )
-        messages = "\n".join(entry["message"] for entry in logs)
+        # The run's logs reach the server in batches after it ends: read until the refusal is there (or 60 s).
+        deadline = time.monotonic() + 60
+        while True:
+            logs = _post_prefect(
+                prefect_port, auth, "logs/filter", {"logs": {"flow_run_id": {"any_": [flow_run["id"]]}}}
+            )
+            messages = "\n".join(entry["message"] for entry in logs)
+            messages += "\n" + ((finished.get("state") or {}).get("message") or "")
+            if (
+                "PromotionLeaseDenied" in messages
+                or "may not take" in messages
+                or time.monotonic() > deadline
+            ):
+                break
+            time.sleep(2)
 
         assert finished["state_type"] == "FAILED", (finished["state_type"], messages[-3000:])
         assert "PromotionLeaseDenied" in messages or "may not take" in messages, messages[-3000:]
