@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from importlib import import_module
 from pathlib import Path
 
@@ -456,6 +458,31 @@ ALLOWED = {
 }
 
 
+def serve_env(
+    tmp_path: Path, env_file: Path, prefect_port: int, mlflow_port: int, **extra: str
+) -> dict[str, str]:
+    """The environment of a test's `make serve`: this venv; its run folder (``tmp_path``/run), stores and inbox
+    under ``tmp_path``; its secrets from ``env_file`` and the gate's password in the environment (never .env);
+    the caller's own secrets, tracking URI, Prefect URL and MLflow login removed; plus ``extra``."""
+    env = dict(
+        os.environ,
+        VENV=str(Path(sys.executable).parent.parent),
+        SENTCL_RUN_DIR=str(tmp_path / "run"),
+        SENTCL_ENV_FILE=str(env_file),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_PORT=str(prefect_port),
+        MLFLOW_PORT=str(mlflow_port),
+        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_INBOX=str(tmp_path / "inbox"),
+        SENTCL_GATE_PASSWORD=GATE_PASSWORD,
+        **extra,
+    )
+    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME"):
+        env.pop(key, None)
+    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    return env
+
+
 def _environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
 
@@ -471,7 +498,6 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
     import base64
     import os
     import signal
-    import sys
     import urllib.error
     import urllib.request
 
@@ -485,21 +511,8 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         + "PREFECT_UI_ORIGIN=http://evil.example\nPOSTGRES_PASSWORD='compose-pg-secret'\n"
     )
     env_file.chmod(0o600)  # serve refuses a .env other users can read
-    env = dict(
-        os.environ,
-        VENV=str(Path(sys.executable).parent.parent),
-        SENTCL_RUN_DIR=str(tmp_path / "run"),
-        SENTCL_ENV_FILE=str(env_file),
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PREFECT_PORT=str(prefect_port),
-        MLFLOW_PORT=str(mlflow_port),
-        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
-        SENTCL_INBOX=str(tmp_path / "inbox"),
-        S3_SECRET_KEY="callers-own-s3-secret",  # in the caller's shell: passed to nothing
-        SENTCL_GATE_PASSWORD=GATE_PASSWORD,
-    )
-    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_PASSWORD"):
-        env.pop(key, None)
+    # S3_SECRET_KEY: the caller's own, in its shell: passed to nothing.
+    env = serve_env(tmp_path, env_file, prefect_port, mlflow_port, S3_SECRET_KEY="callers-own-s3-secret")
     pids: dict[str, int] = {}
     try:
         serve = _serve(env)
