@@ -2,7 +2,8 @@
 
 Every path that moves ``champion`` first downloads the model it moves it to and checks every file against the
 manifest recorded at registration (``measure.verified_download``): a mismatch is one line
-(:class:`GateRefusedError`, exit 2), the version is tagged refused and nothing moves. The gate compares its own
+(:class:`GateRefusedError`, exit 2), the version is tagged refused and nothing moves. The candidate is
+checked so before the gate decides anything from its tags (``_gate_locked``). The gate compares its own
 scores of the candidate and the champion (``measure``), never the score tags a registrant wrote.
 """
 
@@ -28,7 +29,14 @@ from sentcl.registry.rules import (
 )
 from sentcl_mlflow.errors import GateRefusedError, NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
-from sentcl_mlflow.registry.measure import DevSets, Scorer, dev_scorer, measure, verified_download
+from sentcl_mlflow.registry.measure import (
+    DevSets,
+    Scorer,
+    dev_scorer,
+    measure,
+    verified_candidate,
+    verified_download,
+)
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
@@ -147,6 +155,28 @@ def register_and_gate(
     return result
 
 
+def judge_candidate(
+    mlc: MlflowClient,
+    source: str,
+    version: str,
+    config: GateConfig,
+    lease: Lease,
+    params: Mapping[str, Any] | None,
+    dev_pairs: Path | str | None = None,
+    domain_dev: Path | str | None = None,
+) -> dict[str, Any]:
+    """The gate process's gate (``gatekeeper.judge``): ``source`` version ``version`` (a version of the
+    candidates model) against the champion of ``config.model_name``, under ``lease``, that model's promotion
+    lease, which the caller holds. As ``promote`` gates, and: the candidate's weights tag must name its
+    verified files; on "promoted" the version is copied into ``config.model_name``, the copy verified, and
+    ``champion`` set there; the verdict is tagged on the candidate."""
+    make_scorer = _scorer(params, dev_pairs, domain_dev, None)
+    caller = (caller_identity(), None)
+    return _gate_locked(
+        mlc, config.model_name, version, config, caller, make_scorer, False, False, lease, source
+    )
+
+
 def _gate_locked(
     mlc: MlflowClient,
     name: str,
@@ -163,12 +193,51 @@ def _gate_locked(
     registered model the candidate lives in when it is not ``name`` (the gate process judges the candidates
     model's versions): on promotion it is copied into ``name``, the copy verified, and ``champion`` set there."""
     started = time.time()
-    identity, note = caller
-    forced_by = _who(identity, note) if forced else None
     source = source or name
     cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
     if cand is None:
         raise LookupError(f"no {CHALLENGER!r} version of {source!r} to gate; run the export stage first")
+    with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
+        # Its files first, before any decision reads its tags: a changed file, or (a version of another model,
+        # whose registrar may edit its tags) a weights tag that is not its files, is a refusal whatever the gate
+        # would decide next ("already champion" and the rolled-back block read that tag). A version the gate
+        # refused already stays refused without a download.
+        root = None
+        if (cand.tags or {}).get(TAG_STATE) != REFUSED:
+            root = verified_candidate(mlc, source, cand, Path(tmp), weights_tag=source != name)
+        return _decide(
+            mlc,
+            name,
+            source,
+            cand,
+            root,
+            config,
+            caller,
+            make_scorer,
+            forced,
+            in_registration,
+            lease,
+            started,
+        )
+
+
+def _decide(
+    mlc: MlflowClient,
+    name: str,
+    source: str,
+    cand: Any,
+    root: Path | None,
+    config: GateConfig,
+    caller: tuple[str, str | None],
+    make_scorer: Callable[[], Scorer],
+    forced: bool,
+    in_registration: bool,
+    lease: Lease | None,
+    started: float,
+) -> dict[str, Any]:
+    """``_gate_locked`` once the candidate's files are verified (under ``root``; None: it was refused before)."""
+    identity, note = caller
+    forced_by = _who(identity, note) if forced else None
     tags = cand.tags or {}
     champ = _version_or_none(mlc, name, CHAMPION)
     blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
@@ -203,7 +272,8 @@ def _gate_locked(
     else:
         # Downloaded and verified (a tampered file: refused, one line, nothing moves), then scored by the gate
         # itself, both on the same pairs: a domain score counts only when a domain dev file was given.
-        measured = measure(mlc, name, [cand] + ([champ] if champ is not None else []), make_scorer())
+        versions = [cand] + ([champ] if champ is not None else [])
+        measured = measure(mlc, name, versions, make_scorer(), verified=[root])
         cand_scores = measured[0]
         champ_scores = measured[1] if champ is not None else None
         promoted, reasons = gate_decision(cand_scores, champ_scores, config)

@@ -4,9 +4,10 @@
 
 The worker, its flow runs and their stages hold the registrar's account: they register candidates into
 ``registry.candidate_model_name`` and cannot move ``champion``. This process polls that model every
-``--interval`` seconds; each version that is ``ready`` with no verdict yet is judged by the gate of
-``gate._gate_locked`` under the production model's promotion lease: the candidate and the champion
-downloaded and checked against their registration manifests, scored by the gate itself on STS-B dev, SICK-R
+``--interval`` seconds; each version that is ``ready`` with no verdict yet is judged by the gate
+(``gate.judge_candidate``) under the production model's promotion lease: the candidate downloaded and checked
+against its registration manifest and its weights tag before anything is decided from its tags, the champion
+checked the same way, both scored by the gate itself on STS-B dev, SICK-R
 trial and the candidate's domain (or teacher-agreement) pairs when its registration logged some, compared by
 ``gate_decision``. On "promoted" the version is copied into the production model (the copy keeps the source
 files and the manifest), the copy verified, and ``champion`` set there. The verdict and the gate's scores are
@@ -29,7 +30,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -39,9 +40,6 @@ from sentcl_mlflow.registry.names import READY
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
-
-    from sentcl.registry.rules import Scores
-    from sentcl_mlflow.registry.measure import Scorer
 
 # On a candidate version: the files the gate scores it on besides its own dev pairs, logged with the
 # candidate's run at registration ({"domain_dev": {"path": <artifact path>, "sha256": <digest>}}).
@@ -108,11 +106,11 @@ def judge(
     source: str, version: str, params: Mapping[str, Any], dev_pairs: Path | None = None
 ) -> dict[str, Any]:
     """The gate on ``source`` version ``version`` against the production model's champion, under its lease."""
-    from sentcl_mlflow.registry.gate import _gate_locked, _scorer
+    from sentcl_mlflow.registry.gate import judge_candidate
     from sentcl_mlflow.registry.lease import promotion_lock
     from sentcl_mlflow.registry.names import gate_config
     from sentcl_mlflow.registry.versions import finish_unfinished
-    from sentcl_mlflow.store import caller_identity, client
+    from sentcl_mlflow.store import client
 
     config = gate_config(params)
     mlc = client()
@@ -120,35 +118,7 @@ def judge(
         finish_unfinished(mlc, config.model_name)
         candidate = mlc.get_model_version(source, version)
         domain = _domain_dev(mlc, source, candidate, Path(tmp))
-        make_scorer = _weights_checked(source, _scorer(params, dev_pairs, domain, None))
-        caller = (caller_identity(), None)
-        return _gate_locked(
-            mlc, config.model_name, version, config, caller, make_scorer, False, False, lease, source
-        )
-
-
-def _weights_checked(source: str, make_scorer: Callable[[], Scorer]) -> Callable[[], Scorer]:
-    """The gate's scorer, which first checks that a candidate's verified files hold the weights its tag names:
-    the rolled-back-weights block reads that tag, and the registrar may edit its own candidates' tags."""
-    from sentcl.registry.rules import version_weights, weight_file_digests, weights_fingerprint
-    from sentcl_mlflow.registry.download import st_folder_in
-
-    def make() -> Scorer:
-        score = make_scorer()
-
-        def checked(version: Any, root: Path) -> Scores:
-            if getattr(version, "name", None) == source:
-                claimed = version_weights(version.tags or {}) or ""
-                actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
-                if claimed != actual:  # a ValueError: measure() refuses the version, one line
-                    raise ValueError(
-                        f"its weights hash to {actual[:12]}, not {claimed[:12] or 'nothing'} (its tag)"
-                    )
-            return score(version, root)
-
-        return checked
-
-    return make
+        return judge_candidate(mlc, source, version, config, lease, params, dev_pairs, domain)
 
 
 def decision_line(result: Mapping[str, Any]) -> str:

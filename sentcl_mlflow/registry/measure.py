@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, Scores
+from sentcl.registry.rules import (
+    REFUSED,
+    TAG_REFUSED,
+    TAG_STATE,
+    Scores,
+    version_weights,
+    weight_file_digests,
+    weights_fingerprint,
+)
 from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
 from sentcl_mlflow.pyfunc_checks import ManifestUnavailableError, WeightsMismatchError
 from sentcl_mlflow.registry.download import download_verified, st_folder_in
@@ -122,6 +130,16 @@ def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:
     mlc.set_model_version_tag(name, version, TAG_STATE, REFUSED)
 
 
+def _refused(mlc: MlflowClient, name: str, version: str, reason: str) -> GateRefusedError:
+    """``version`` tagged refused, and the one line that says so (for the caller to raise)."""
+    refuse(mlc, name, version, reason)
+    return GateRefusedError(f"gate refused {name} version {version}: {reason}; champion not moved")
+
+
+def _unscorable(e: Exception) -> str:
+    return f"cannot be scored ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+
+
 def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) -> Path:
     """The logged model of ``name`` version ``version`` under ``dest``, every file matching its registration
     manifest; else the version is tagged refused and :class:`GateRefusedError` says which file, in one line."""
@@ -131,11 +149,26 @@ def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) ->
     try:
         root = download_verified(uri, dest)
     except (WeightsMismatchError, ManifestUnavailableError) as e:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-        refuse(mlc, name, version, reason)
-        raise GateRefusedError(
-            f"gate refused {name} version {version}: {reason}; champion not moved"
-        ) from None
+        raise _refused(mlc, name, version, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    return root
+
+
+def verified_candidate(mlc: MlflowClient, name: str, version: Any, dest: Path, weights_tag: bool) -> Path:
+    """``verified_download`` of ``version`` (a ModelVersion of ``name``); with ``weights_tag``, its weights tag
+    must also name the weights its verified files hold: the "already champion" check and the rolled-back block
+    read that tag, and a candidates model's registrar may edit its versions' tags. A mismatch (or no tag, or no
+    weights to hash): tagged refused, :class:`GateRefusedError` in one line."""
+    number = str(version.version)
+    root = verified_download(mlc, name, number, dest)
+    if weights_tag:
+        claimed = version_weights(version.tags or {}) or ""
+        try:
+            actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
+        except (OSError, ValueError) as e:  # no sentence-transformers folder, no weight file in it
+            raise _refused(mlc, name, number, _unscorable(e)) from None
+        if claimed != actual:
+            reason = f"its weights hash to {actual[:12]}, not {claimed[:12] or 'nothing'} (its weights tag)"
+            raise _refused(mlc, name, number, reason)
     return root
 
 
@@ -143,13 +176,22 @@ def _model_of(version: Any, default: str) -> str:
     return getattr(version, "name", None) or default
 
 
-def measure(mlc: MlflowClient, name: str, versions: Sequence[Any], scorer: Scorer) -> list[Scores]:
+def measure(
+    mlc: MlflowClient,
+    name: str,
+    versions: Sequence[Any],
+    scorer: Scorer,
+    verified: Sequence[Path | None] = (),
+) -> list[Scores]:
     """The scores of each model version, in the order given, each downloaded and verified first (all before
     any is scored, so a tampered one stops the gate before minutes of scoring). Each is read from its own
-    registered model (``v.name``: a candidate and the champion may live in different ones)."""
+    registered model (``v.name``: a candidate and the champion may live in different ones). ``verified``: by
+    position, the folders of versions the caller already downloaded and verified (None: downloaded here)."""
+    given = list(verified) + [None] * (len(versions) - len(verified))
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
         roots = [
-            verified_download(mlc, _model_of(v, name), str(v.version), Path(tmp) / f"{i}-{v.version}")
+            given[i]
+            or verified_download(mlc, _model_of(v, name), str(v.version), Path(tmp) / f"{i}-{v.version}")
             for i, v in enumerate(versions)
         ]
         scores: list[Scores] = []
@@ -158,10 +200,5 @@ def measure(mlc: MlflowClient, name: str, versions: Sequence[Any], scorer: Score
                 scores.append(scorer(v, root))
             # No sentence-transformers folder, or one the encoder cannot load: no model the gate can promote.
             except (OSError, ValueError) as e:
-                reason = f"cannot be scored ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                model = _model_of(v, name)
-                refuse(mlc, model, str(v.version), reason)
-                raise GateRefusedError(
-                    f"gate refused {model} version {v.version}: {reason}; champion not moved"
-                ) from None
+                raise _refused(mlc, _model_of(v, name), str(v.version), _unscorable(e)) from None
         return scores

@@ -34,7 +34,7 @@ from sentcl_mlflow.registry.lease import (
 )
 from sentcl_mlflow.registry.names import production_experiment, run_experiment
 from tests.paths import ROOT
-from tests.services.test_mlflow_outage import make_release, register_command
+from tests.services.test_mlflow_outage import make_release, run_register
 from tests.services.test_registry import TABLE, as_registered, free_port
 
 ADMIN = ("admin", "admin-secret-for-tests-1")
@@ -306,15 +306,8 @@ def test_a_teammates_make_register_is_refused_in_one_line(auth_server, monkeypat
     monkeypatch.setenv("SENTCL_TEAM_USER", TEAM[0])
     monkeypatch.setenv("SENTCL_TEAM_PASSWORD", TEAM[1])
     auth.setup(GateConfig.from_params(store.load_params_file()))  # the model names `make register` uses
-    env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DVC_EXP_NAME")}
-    env.update(MLFLOW_TRACKING_USERNAME=TEAM[0], MLFLOW_TRACKING_PASSWORD=TEAM[1])
-    out = subprocess.run(
-        register_command(release, tmp_path),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    out = run_register(
+        release, tmp_path, 180, MLFLOW_TRACKING_USERNAME=TEAM[0], MLFLOW_TRACKING_PASSWORD=TEAM[1]
     )
     assert out.returncode == 2, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr

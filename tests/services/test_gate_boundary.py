@@ -10,11 +10,8 @@ environment, the ``.env`` file and the gate process's ``/proc/<pid>/environ``, a
 from __future__ import annotations
 
 import base64
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -22,7 +19,15 @@ from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import store
 from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
-from tests.services.test_infra import GATE_PASSWORD, SECRETS, _environ, _free_port, _post_prefect, _serve
+from tests.services.test_infra import (
+    GATE_PASSWORD,
+    SECRETS,
+    _environ,
+    _free_port,
+    _post_prefect,
+    _serve,
+    serve_env,
+)
 
 PROD = GateConfig.from_params(load_params_file()).model_name
 POOL = "sentcl-gpu-local"  # infra/serve.sh's default pool
@@ -48,21 +53,7 @@ def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate
     env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()) + "SENTCL_TEAM_USER=teammate\n")
     env_file.chmod(0o600)
     run_dir = tmp_path / "run"
-    env = dict(
-        os.environ,
-        VENV=str(Path(sys.executable).parent.parent),
-        SENTCL_RUN_DIR=str(run_dir),
-        SENTCL_ENV_FILE=str(env_file),
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PREFECT_PORT=str(prefect_port),
-        MLFLOW_PORT=str(mlflow_port),
-        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
-        SENTCL_INBOX=str(tmp_path / "inbox"),
-        SENTCL_GATE_PASSWORD=GATE_PASSWORD,  # the environment of make serve: never .env
-    )
-    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME"):
-        env.pop(key, None)
-    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    env = serve_env(tmp_path, env_file, prefect_port, mlflow_port)  # the gate's password: never in .env
     pulled = tmp_path / "pulled"
     pulled.mkdir()
     try:

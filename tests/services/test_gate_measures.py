@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from sentcl.registry.rules import weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import TAG_WEIGHTS, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import store
 from sentcl_mlflow.errors import GateRefusedError
 from sentcl_mlflow.registry import gate
@@ -27,6 +27,8 @@ from tests.services.test_registry import PLUS1, champion, mlflow_server, write_d
 from tests.tiny import make_tiny_encoder, tiny_sentences
 
 MEASURED, TAMPERED, CLI = "sentcl-measured", "sentcl-tampered", "sentcl-cli"
+# The gate process's case: a production model and the candidates model its registrar registers into.
+JUDGED, JUDGED_CANDIDATES = "sentcl-judged", "sentcl-judged-candidates"
 
 
 @pytest.fixture(scope="module")
@@ -160,6 +162,56 @@ def test_a_version_changed_after_registration_is_refused_and_champion_stays(mode
     forced = gate.promote(TAMPERED, version=version, actor="eve", force=True, dev_pairs=pairs)
     assert not forced["promoted"] and "refused" in forced["reasons"][0]
     assert champion(mlc, TAMPERED) == first
+
+
+def test_the_gate_process_verifies_a_candidate_before_its_tags_decide_anything(models, tmp_path):
+    """The gate process's gate, in process (``gatekeeper.judge``). A candidate whose tags say it holds the
+    champion's weights would be "already champion", a no-op judged on tags alone: whether the tag lies (the
+    registrar may edit it) or its MLmodel changed after registration, it is refused in one line instead, and
+    tagged refused. One that truly holds the champion's weights, unchanged, is still "unchanged"."""
+    from sentcl_mlflow.registry.gatekeeper import judge
+
+    mlc = store.client()
+    pairs = models["pairs"]
+    params = store.load_params_file()
+    registry = {**params["registry"], "model_name": JUDGED, "candidate_model_name": JUDGED_CANDIDATES}
+    params = {**params, "registry": registry}
+    first, _ = register_folder(models["good"], JUDGED, 10.0, 10.0)
+    assert gate.promote(JUDGED, version=first, params=params, dev_pairs=pairs)["promoted"]
+    champion_weights = mlc.get_model_version(JUDGED, first).tags[TAG_WEIGHTS]
+
+    def refused_in_one_line(version: str) -> str:
+        with pytest.raises(GateRefusedError) as refused:
+            judge(JUDGED_CANDIDATES, version, params, pairs)
+        message = str(refused.value)
+        assert "\n" not in message and f"{JUDGED_CANDIDATES} version {version}" in message, message
+        assert message.endswith("champion not moved"), message
+        tags = mlc.get_model_version(JUDGED_CANDIDATES, version).tags
+        assert tags["sentcl.state"] == "refused" and "gate.decision" not in tags
+        assert champion(mlc, JUDGED) == first
+        return message
+
+    lying, _ = register_folder(models["poor"], JUDGED_CANDIDATES, 10.0, 10.0)
+    mlc.set_model_version_tag(JUDGED_CANDIDATES, lying, TAG_WEIGHTS, champion_weights)
+    actual = weights_fingerprint(weight_file_digests(models["poor"]))
+    message = refused_in_one_line(lying)
+    assert f"its weights hash to {actual[:12]}, not {champion_weights[:12]}" in message
+
+    changed = tmp_path / "champion-again"
+    shutil.copytree(models["good"], changed)
+    (changed / "MLmodel").write_text("flavors: {}\n")
+    version, run_id = register_folder(changed, JUDGED_CANDIDATES, 10.0, 10.0)
+    assert mlc.get_model_version(JUDGED_CANDIDATES, version).tags[TAG_WEIGHTS] == champion_weights
+    swapped = tmp_path / "swap" / "MLmodel"
+    swapped.parent.mkdir()
+    swapped.write_text("flavors: {python_function: {loader_module: os}}\n")
+    mlc.log_artifact(run_id, str(swapped), "model")  # replaces model/MLmodel in the store
+    assert "MLmodel changed since registration" in refused_in_one_line(version)
+
+    same, _ = register_folder(models["good"], JUDGED_CANDIDATES, 10.0, 10.0)
+    result = judge(JUDGED_CANDIDATES, same, params, pairs)
+    assert result["decision"] == "unchanged" and champion(mlc, JUDGED) == first
+    assert mlc.get_model_version(JUDGED_CANDIDATES, same).tags["gate.decision"] == "unchanged"
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:

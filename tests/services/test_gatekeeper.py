@@ -30,7 +30,7 @@ from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
 from tests.services.test_gate_measures import spearman_of
-from tests.services.test_mlflow_outage import make_release, register_command
+from tests.services.test_mlflow_outage import make_release, run_register
 from tests.services.test_registry import PLUS1, write_dev_pairs
 from tests.tiny import make_tiny_encoder, tiny_sentences
 
@@ -157,19 +157,13 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
     into the candidates model, waits for the gate process and prints its verdict. The first model ever becomes
     champion of the production model as a verified copy of the candidate."""
     release = make_release(tmp_path)
-    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(
+    out = run_register(
+        release,
+        tmp_path,
+        600,
         MLFLOW_TRACKING_USERNAME=REGISTRAR[0],
         MLFLOW_TRACKING_PASSWORD=REGISTRAR[1],
         SENTCL_REGISTRY_ROLE="registrar",
-    )
-    out = subprocess.run(
-        register_command(release, tmp_path),
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"registered {CANDIDATES} version 1 as challenger" in out.stdout, out.stdout
@@ -342,22 +336,24 @@ def test_the_registrar_registers_candidates_and_cannot_move_champion(gate_proces
     mlc.set_registered_model_alias(CANDIDATES, "challenger", "1")  # its own model: it may
 
 
-def test_a_teammate_cannot_move_champion_nor_touch_candidates(gate_process, monkeypatch):
-    as_user(monkeypatch, TEAM)
+def _reads_champion_and_cannot_move_it_nor_alias_candidates(monkeypatch, account: tuple[str, str]):  # noqa: ANN202
+    """As ``account``: the champion is read; moving it, and aliasing a candidate, are denied. Its client."""
+    as_user(monkeypatch, account)
     mlc = store.client()
     champion = _champion(mlc)
     _denied(lambda: mlc.set_registered_model_alias(PROD, "champion", champion))
     _denied(lambda: mlc.set_registered_model_alias(CANDIDATES, "challenger", "1"))
+    return mlc
+
+
+def test_a_teammate_cannot_move_champion_nor_touch_candidates(gate_process, monkeypatch):
+    mlc = _reads_champion_and_cannot_move_it_nor_alias_candidates(monkeypatch, TEAM)
     _denied(lambda: mlc.set_model_version_tag(CANDIDATES, "1", "gate.decision", "promoted"))
     _denied(lambda: mlc.create_model_version(CANDIDATES, f"models:/{CANDIDATES}/1"))
 
 
 def test_a_reader_with_no_grant_reads_and_cannot_move_champion(gate_process, monkeypatch):
-    as_user(monkeypatch, READER)
-    mlc = store.client()
-    champion = _champion(mlc)
-    _denied(lambda: mlc.set_registered_model_alias(PROD, "champion", champion))
-    _denied(lambda: mlc.set_registered_model_alias(CANDIDATES, "challenger", "1"))
+    _reads_champion_and_cannot_move_it_nor_alias_candidates(monkeypatch, READER)
 
 
 # ------------------------------------------------- the gate process's memory and environment, to its own user

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
+import sys
 from importlib import import_module
 from pathlib import Path
 
@@ -84,7 +86,7 @@ def test_kubernetes_job_template_requests_a_gpu():
 def test_compose_stack_has_postgres_prefect_mlflow_s3_and_a_gpu_worker():
     compose = load("docker-compose.yml")
     services = compose["services"]
-    assert {"postgres", "prefect-server", "mlflow", "minio", "gpu-worker"} <= set(services)
+    assert {"postgres", "prefect-server", "mlflow", "minio", "gpu-worker", "gate"} <= set(services)
     mlflow_cmd = " ".join(services["mlflow"]["command"])
     assert "postgresql://" in mlflow_cmd and "s3://" in mlflow_cmd
     assert (
@@ -194,8 +196,76 @@ def test_compose_servers_ask_for_credentials_and_take_allowed_hosts_from_the_env
     assert "PREFECT_UI_ORIGIN" in prefect["PREFECT_SERVER_CORS_ALLOWED_ORIGINS"]
     worker = services["gpu-worker"]["environment"]
     assert "PREFECT_AUTH_STRING" in worker["PREFECT_API_AUTH_STRING"]
-    assert "SENTCL_GATE_PASSWORD" in worker["MLFLOW_TRACKING_PASSWORD"]
-    assert "sentcl_mlflow.auth setup" in services["mlflow-setup"]["command"]
+    assert "sentcl_mlflow.auth setup" in " ".join(_shell_lines(services["mlflow-setup"]))
+
+
+def test_compose_gives_the_worker_the_registrar_and_the_gate_password_to_the_gate_service_alone():
+    """As under `make serve`: the worker and its flow runs hold the registrar's account; the gate service runs
+    the gatekeeper with the gate's password on its stdin, from a secret file no other long-running service
+    mounts; no service has that password in its environment."""
+    compose = load("docker-compose.yml")
+    services = compose["services"]
+    worker = services["gpu-worker"]
+    assert "SENTCL_REGISTRAR_USER:?" in worker["environment"]["MLFLOW_TRACKING_USERNAME"]
+    assert "SENTCL_REGISTRAR_PASSWORD:?" in worker["environment"]["MLFLOW_TRACKING_PASSWORD"]
+    assert worker["environment"]["SENTCL_REGISTRY_ROLE"] == "registrar"
+    for name, service in services.items():
+        environment = json.dumps(service.get("environment") or {})
+        assert "SENTCL_GATE_PASSWORD" not in environment, f"{name} has the gate's password in its environment"
+        if name not in ("gate", "mlflow-setup"):
+            assert "gate_password" not in json.dumps(service.get("secrets") or []), name
+    assert compose["secrets"]["gate_password"] == {"environment": "SENTCL_GATE_PASSWORD"}
+    gate = " ".join(_shell_lines(services["gate"]))
+    assert "python -m sentcl_mlflow.registry.gatekeeper --password-stdin < /run/secrets/gate_password" in gate
+    assert services["gate"]["secrets"] == ["gate_password"]
+    assert "SENTCL_GATE_USER:?" in services["gate"]["environment"]["SENTCL_GATE_USER"]
+    # The gate scores on the pairs the worker's validate stage writes (read-only for it).
+    assert (
+        "data:/opt/sentcl/data" in worker["volumes"]
+        and "data:/opt/sentcl/data:ro" in services["gate"]["volumes"]
+    )
+    setup = services["mlflow-setup"]
+    assert "/run/secrets/gate_password" in " ".join(_shell_lines(setup)) and "--env-stdin" in " ".join(
+        _shell_lines(setup)
+    )
+    assert "SENTCL_REGISTRAR_PASSWORD:?" in setup["environment"]["SENTCL_REGISTRAR_PASSWORD"]
+
+
+def test_kubernetes_jobs_hold_the_registrar_and_the_gate_deployment_alone_the_gate_password():
+    """The flow-run Jobs get `sentcl-secrets` (the registrar's account); the gate Deployment alone mounts the
+    Secret `sentcl-gate`, as a file piped to the gatekeeper's stdin, never as an environment variable."""
+    template = json.loads((INFRA / "k8s" / "base-job-template.json").read_text())
+    job = json.dumps(template)
+    assert "sentcl-gate" not in job  # neither the gate's Secret nor its account
+    secrets = {
+        doc["metadata"]["name"]: doc
+        for doc in yaml.safe_load_all((INFRA / "k8s" / "secrets.example.yaml").read_text())
+    }
+    flow_runs = secrets["sentcl-secrets"]["stringData"]
+    assert (
+        flow_runs["MLFLOW_TRACKING_USERNAME"] == "sentcl-registrar"
+        and flow_runs["SENTCL_REGISTRY_ROLE"] == "registrar"
+    )
+    assert not {k for k in flow_runs if "GATE" in k}
+    assert set(secrets["sentcl-gate"]["stringData"]) == {"user", "password"}
+    k8s_env = next(d for d in load("prefect.yaml")["deployments"] if d["name"] == "retrain-k8s")
+    assert k8s_env["work_pool"]["job_variables"]["env"]["SENTCL_REGISTRY_ROLE"] == "registrar"
+    deployment = yaml.safe_load((INFRA / "k8s" / "gate.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (gate,) = pod["containers"]
+    assert (
+        "python -m sentcl_mlflow.registry.gatekeeper --password-stdin < /run/secrets/sentcl-gate/password"
+        in (" ".join(gate["command"]))
+    )
+    mounted = {v["name"]: v for v in pod["volumes"]}
+    mount = next(m for m in gate["volumeMounts"] if m["mountPath"] == "/run/secrets/sentcl-gate")
+    assert mounted[mount["name"]]["secret"]["secretName"] == "sentcl-gate"
+    for container in pod["containers"] + pod.get("initContainers", []):
+        for variable in container.get("env", []):
+            ref = (variable.get("valueFrom") or {}).get("secretKeyRef") or {}
+            assert not (ref.get("name") == "sentcl-gate" and ref.get("key") == "password"), container["name"]
+        assert not container.get("envFrom"), container["name"]
+    assert pod["automountServiceAccountToken"] is False
 
 
 SERVE_SECRETS = {
@@ -208,7 +278,8 @@ SERVE_SECRETS = {
 
 def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images():
     compose_example = (INFRA / "compose.env.example").read_text()
-    for name in set(re.findall(r"\$\{(\w+):\?", _compose_text())):
+    secret_sources = [s["environment"] for s in load("docker-compose.yml")["secrets"].values()]
+    for name in set(re.findall(r"\$\{(\w+):\?", _compose_text())) | set(secret_sources):
         assert re.search(rf"^{name}=", compose_example, re.M), f"compose.env.example lacks {name}"
     # make serve's file names its secrets and none of compose's own keys (which would change make serve).
     example = (ROOT / ".env.example").read_text()
@@ -217,9 +288,12 @@ def test_env_example_names_every_secret_and_dot_env_stays_out_of_git_and_images(
     assert "SENTCL_GATE_PASSWORD" not in keys  # make serve refuses a .env that holds it
     assert not keys & {"MLFLOW_ALLOWED_HOSTS", "PREFECT_UI_ORIGIN", "POSTGRES_PASSWORD", "S3_SECRET_KEY"}
     ignored = subprocess.run(
-        ["git", "check-ignore", ".env", "infra/.env"], cwd=ROOT, capture_output=True, text=True
+        ["git", "check-ignore", ".env", "infra/.env", "infra/k8s/secrets.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
-    assert ignored.stdout.split() == [".env", "infra/.env"]
+    assert ignored.stdout.split() == [".env", "infra/.env", "infra/k8s/secrets.yaml"]
     dockerignore = (ROOT / ".dockerignore").read_text().split()
     for entry in (".dvc/cache", ".dvc/config.local", ".env", "mlflow.db*", "mlartifacts"):
         assert entry in dockerignore, entry
@@ -384,6 +458,31 @@ ALLOWED = {
 }
 
 
+def serve_env(
+    tmp_path: Path, env_file: Path, prefect_port: int, mlflow_port: int, **extra: str
+) -> dict[str, str]:
+    """The environment of a test's `make serve`: this venv; its run folder (``tmp_path``/run), stores and inbox
+    under ``tmp_path``; its secrets from ``env_file`` and the gate's password in the environment (never .env);
+    the caller's own secrets, tracking URI, Prefect URL and MLflow login removed; plus ``extra``."""
+    env = dict(
+        os.environ,
+        VENV=str(Path(sys.executable).parent.parent),
+        SENTCL_RUN_DIR=str(tmp_path / "run"),
+        SENTCL_ENV_FILE=str(env_file),
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_PORT=str(prefect_port),
+        MLFLOW_PORT=str(mlflow_port),
+        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
+        SENTCL_INBOX=str(tmp_path / "inbox"),
+        SENTCL_GATE_PASSWORD=GATE_PASSWORD,
+        **extra,
+    )
+    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME"):
+        env.pop(key, None)
+    env.pop("MLFLOW_TRACKING_PASSWORD", None)
+    return env
+
+
 def _environ(pid: int) -> bytes:
     return Path(f"/proc/{pid}/environ").read_bytes()
 
@@ -399,7 +498,6 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
     import base64
     import os
     import signal
-    import sys
     import urllib.error
     import urllib.request
 
@@ -413,21 +511,8 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         + "PREFECT_UI_ORIGIN=http://evil.example\nPOSTGRES_PASSWORD='compose-pg-secret'\n"
     )
     env_file.chmod(0o600)  # serve refuses a .env other users can read
-    env = dict(
-        os.environ,
-        VENV=str(Path(sys.executable).parent.parent),
-        SENTCL_RUN_DIR=str(tmp_path / "run"),
-        SENTCL_ENV_FILE=str(env_file),
-        PREFECT_HOME=str(tmp_path / "prefect"),
-        PREFECT_PORT=str(prefect_port),
-        MLFLOW_PORT=str(mlflow_port),
-        SENTCL_MLFLOW_BACKEND=f"sqlite:///{tmp_path / 'mlflow.db'}",
-        SENTCL_INBOX=str(tmp_path / "inbox"),
-        S3_SECRET_KEY="callers-own-s3-secret",  # in the caller's shell: passed to nothing
-        SENTCL_GATE_PASSWORD=GATE_PASSWORD,
-    )
-    for key in (*SECRETS, "MLFLOW_TRACKING_URI", "PREFECT_API_URL", "MLFLOW_TRACKING_PASSWORD"):
-        env.pop(key, None)
+    # S3_SECRET_KEY: the caller's own, in its shell: passed to nothing.
+    env = serve_env(tmp_path, env_file, prefect_port, mlflow_port, S3_SECRET_KEY="callers-own-s3-secret")
     pids: dict[str, int] = {}
     try:
         serve = _serve(env)

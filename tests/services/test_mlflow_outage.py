@@ -213,6 +213,21 @@ def register_command(release: Path, tmp_path: Path) -> list[str]:
     ]
 
 
+def run_register(release: Path, tmp_path: Path, timeout: float, **env: str) -> subprocess.CompletedProcess:
+    """``register_command`` run to its end from the repository root, with this process's environment less its
+    Prefect server and DVC experiment (never the stage's), plus ``env`` (an account, a registry role)."""
+    environment = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "DVC_EXP_NAME")}
+    environment.update(env)
+    return subprocess.run(
+        register_command(release, tmp_path),
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def start_register(uri: str, release: Path, tmp_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" and not k.startswith("MLFLOW_HTTP_")}
     env.update(MLFLOW_TRACKING_URI=uri, SENTCL_PROMOTION_LEASE_S=str(LEASE_S), SENTCL_ACTOR="outage-test")
