@@ -102,11 +102,6 @@ unset value
 export -n "${SERVE_KEYS[@]}"
 unset PREFECT_API_AUTH_STRING PREFECT_SERVER_API_AUTH_STRING MLFLOW_TRACKING_USERNAME MLFLOW_TRACKING_PASSWORD \
   POSTGRES_PASSWORD MINIO_ROOT_USER MINIO_ROOT_PASSWORD S3_ACCESS_KEY S3_SECRET_KEY SENTCL_REGISTRY_ROLE
-if (( EUID == 0 )); then
-  # Non-dumpable stops processes of the same ordinary user; root's (CAP_SYS_PTRACE) read any memory.
-  echo "serve: warning: running as root, so do the worker's flow runs: they could read the gate process's" \
-    "memory (its password); run make serve as an ordinary user (docs: Security)" >&2
-fi
 VENV="${VENV:-.venv}"
 [[ "$VENV" == /* ]] || VENV="$ROOT/$VENV"
 BIN="$VENV/bin"
@@ -257,10 +252,22 @@ SENTCL_GATE_USER="$SENTCL_GATE_USER" start gate "$BIN/python" -m sentcl_mlflow.r
   --interval "${SENTCL_GATE_INTERVAL_S:-5}"
 START_STDIN=""
 wait_log gate "^gate: watching" "the gate process"
-# The worker's flow runs (and the stages they start) register candidates: the registrar's account only.
+# The worker's flow runs (and the stages they start) register candidates: the registrar's account only. They
+# run in a sandbox (infra/worker-sandbox.sh): their own PID and mount namespaces, no capability, everything
+# read-only but the pipeline's outputs, .env and the run folder (the MLflow users database) hidden. Code a
+# pull step brings cannot read the gate's memory, change the code it runs, or write the stores directly.
+mkdir -p data models metrics reports checkpoints runs .dvc/tmp .dvc/cache
+SANDBOX=()
+for path in data models metrics reports checkpoints runs .dvc/tmp .dvc/cache dvc.lock "$INBOX"; do
+  [[ -e "$path" ]] && SANDBOX+=(--writable "$path")
+done
+for path in "$ENV_FILE" .env infra/.env "$RUN"; do SANDBOX+=(--hide "$path"); done
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
 MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
-  start worker "$BIN/prefect" worker start --pool "$POOL" --type process
+PREFECT_HOME=/dev/shm/home/.prefect DVC_SITE_CACHE_DIR=/dev/shm/dvc \
+  start worker env --default-signal=INT bash infra/worker-sandbox.sh "${SANDBOX[@]}" -- \
+  "$BIN/prefect" worker start --pool "$POOL" --type process
+wait_log worker "Worker '.*' started!" "the worker (in its sandbox)"
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
 # A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
 wait_log watcher "^watch: watching" "the inbox watcher"

@@ -27,6 +27,7 @@ import hashlib
 import io
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -102,6 +103,32 @@ def _domain_dev(mlc: MlflowClient, source: str, version: Any, dest: Path) -> Pat
     return Path(path)
 
 
+class PinnedDevPairs:
+    """The validate stage's pairs table, copied once into the gate's own folder and scored from there until the
+    gate stops. The worker writes ``data/processed`` (it runs the pipeline): what it writes after the gate read
+    the table does not change the pairs the gate judges on. Absent at start (no ``dvc repro validate`` yet), the
+    table is copied the first time it is there."""
+
+    def __init__(self, source: Path, folder: Path) -> None:
+        self.source = source
+        self.folder = folder
+        self.copy: Path | None = None
+        self.sha256 = ""
+
+    def path(self) -> Path:
+        if self.copy is None and self.source.is_file():
+            data = self.source.read_bytes()
+            copy = self.folder / "pairs.parquet"
+            copy.write_bytes(data)
+            self.copy, self.sha256 = copy, hashlib.sha256(data).hexdigest()
+            print(
+                f"gate: dev pairs {self.source} (sha256 {self.sha256[:12]}) read once: the gate scores on this "
+                "copy until it restarts",
+                flush=True,
+            )
+        return self.copy or self.source  # still absent: the decision says so in one line
+
+
 def judge(
     source: str, version: str, params: Mapping[str, Any], dev_pairs: Path | None = None
 ) -> dict[str, Any]:
@@ -157,7 +184,7 @@ def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 
 
 
 def run(
-    source: str, params: Mapping[str, Any], dev_pairs: Path | None, interval_s: float, once: bool
+    source: str, params: Mapping[str, Any], dev_pairs: PinnedDevPairs, interval_s: float, once: bool
 ) -> None:
     """Judge what is pending, sleep, again. A server that does not answer or a busy lease: one line, retried on
     the next poll; a refused candidate: one line (it is tagged, so not pending any more)."""
@@ -177,7 +204,7 @@ def run(
             try:
                 # One line per decision: what the gate's steps print on the way ("scoring on ...") is dropped.
                 with contextlib.redirect_stdout(io.StringIO()):
-                    result = judge(source, version, params, dev_pairs)
+                    result = judge(source, version, params, dev_pairs.path())
                 print(decision_line(result), flush=True)
             except GateRefusedError as e:
                 print(str(e), flush=True)
@@ -246,9 +273,17 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingUnavailableError as e:
         print(f"gate: {e}", file=sys.stderr)
         return 75
-    dev_pairs = args.processed / "pairs.parquet" if args.processed else None
-    print(f"gate: watching {source} every {args.interval:g}s as {args.user}", flush=True)
-    run(source, params, dev_pairs, args.interval, args.once)
+    from sentcl_mlflow.registry.measure import DEV_PAIRS
+
+    # make stop's TERM unwinds (the pinned copy's folder is removed) instead of killing the process mid-write.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as own:
+        dev_pairs = PinnedDevPairs(
+            args.processed / "pairs.parquet" if args.processed else DEV_PAIRS, Path(own)
+        )
+        dev_pairs.path()
+        print(f"gate: watching {source} every {args.interval:g}s as {args.user}", flush=True)
+        run(source, params, dev_pairs, args.interval, args.once)
     return 0
 
 

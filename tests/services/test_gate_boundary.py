@@ -3,13 +3,16 @@ cannot move champion nor read the gate's password.
 
 `make serve` for real (infra/serve.sh: Prefect server, MLflow server with basic auth, the gate process, the
 worker, the watcher), then what a holder of the Prefect auth string can do: create a deployment of
-``flows/promote.py:promote_flow`` with ``force=True`` and a ``run_shell_script`` pull step that dumps its
-environment, the ``.env`` file and the gate process's ``/proc/<pid>/environ``, and run it on the worker.
+``flows/promote.py:promote_flow`` with ``force=True`` and a ``run_shell_script`` pull step that looks for the
+gate's password (its environment, the ``.env`` file, the gate process's ``/proc/<pid>/environ`` and memory) and
+tries what would let it reach the gate another way (signal it, change the code it runs, write the MLflow store
+or read the users database), and run it on the worker, whose sandbox (infra/worker-sandbox.sh) must stop each.
 """
 
 from __future__ import annotations
 
 import base64
+import re
 import subprocess
 import time
 
@@ -54,8 +57,6 @@ def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate
     env_file.chmod(0o600)
     run_dir = tmp_path / "run"
     env = serve_env(tmp_path, env_file, prefect_port, mlflow_port)  # the gate's password: never in .env
-    pulled = tmp_path / "pulled"
-    pulled.mkdir()
     try:
         serve = _serve(env)
         assert serve.returncode == 0, serve.stdout + serve.stderr
@@ -77,15 +78,29 @@ def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate
         mlc.set_registered_model_alias(PROD, "champion", "1")
 
         # The holder of the Prefect auth string: a deployment of the gate's flow, forced, with a pull step
-        # that looks for the gate's password wherever this OS user might find it. It exits 0 whatever it
+        # that looks for the gate's password wherever this OS user might find it and tries the other ways
+        # to the gate. Its findings go to the worker's log (the pull step's output); it exits 0 whatever it
         # finds, so the flow itself runs.
         auth = "Basic " + base64.b64encode(SECRETS["PREFECT_AUTH_STRING"].encode()).decode()
         gate_pid = pids["gate"]
-        script = (
-            f"bash -c 'env > {pulled}/env.txt; cat {env_file} > {pulled}/dotenv.txt 2>&1; "
-            f"cat /proc/{gate_pid}/environ > {pulled}/gate-environ.txt 2>&1; "
-            'echo "pull step: gate=$SENTCL_GATE_PASSWORD mlflow=$MLFLOW_TRACKING_PASSWORD"; true\''
+        code = ROOT / "sentcl_mlflow" / "registry" / "gatekeeper.py"
+        probes = {
+            "dotenv": f"grep -q . {env_file}",  # covered: reads as empty
+            "gate-environ": f"grep -qa . /proc/{gate_pid}/environ",
+            "gate-memory": f"head -c 1 /proc/{gate_pid}/mem",
+            "gate-signal": f"kill -0 {gate_pid}",
+            "code-write": f"touch {code}",
+            "root-write": f": > {ROOT}/rogue-file",
+            "store-write": f": >> {tmp_path / 'mlflow.db'}",
+            "users-db": f"grep -qa . {run_dir / 'mlflow-users.db'}",
+            "output-write": f": > {ROOT}/runs/rogue-probe && rm {ROOT}/runs/rogue-probe",
+        }
+        script = "bash -c '" + "; ".join(
+            f'if {command} >/dev/null 2>&1; then echo "probe {name}=yes"; else echo "probe {name}=no"; fi'
+            for name, command in probes.items()
         )
+        script += '; echo "pull step: gate=$SENTCL_GATE_PASSWORD mlflow=$MLFLOW_TRACKING_PASSWORD"; true\''
+        code_before = code.stat().st_mtime_ns
         flow_id = _post_prefect(prefect_port, auth, "flows/", {"name": "sentcl-promote"})["id"]
         deployment = _post_prefect(
             prefect_port,
@@ -125,16 +140,21 @@ def test_a_rogue_forced_promote_deployment_moves_nothing_and_never_sees_the_gate
         assert finished["state_type"] == "FAILED", (finished["state_type"], messages[-3000:])
         assert "PromotionLeaseDenied" in messages or "may not take" in messages, messages[-3000:]
         assert str(mlc.get_model_version_by_alias(PROD, "champion").version) == "1"  # champion did not move
-        dumped = {p.name: p.read_text(errors="replace") for p in pulled.iterdir()}
-        assert set(dumped) == {"env.txt", "dotenv.txt", "gate-environ.txt"}, dumped
-        # The pull step ran with the worker's environment: the registrar's account, never the gate's.
-        assert SECRETS["SENTCL_REGISTRAR_PASSWORD"] in dumped["env.txt"]
         worker_log = (run_dir / "worker.log").read_text()
-        for where, text in {**dumped, "flow run logs": messages, "worker.log": worker_log}.items():
+        found = dict(re.findall(r"^probe ([\w-]+)=(yes|no)$", worker_log, re.MULTILINE))
+        # The sandbox: the pipeline's outputs writable, nothing else that reaches the gate.
+        assert found == {name: "yes" if name == "output-write" else "no" for name in probes}, worker_log[
+            -3000:
+        ]
+        assert code.stat().st_mtime_ns == code_before and not (ROOT / "rogue-file").exists()
+        # The pull step ran with the worker's environment: the registrar's account, never the gate's.
+        assert f"mlflow={SECRETS['SENTCL_REGISTRAR_PASSWORD']}" in worker_log
+        for where, text in {"flow run logs": messages, "worker.log": worker_log}.items():
             assert GATE_PASSWORD not in text, where
         assert GATE_PASSWORD.encode() not in _environ(gate_pid)  # on its stdin, never in its environment
         assert "gate: watching" in (run_dir / "gate.log").read_text()
     finally:
+        (ROOT / "rogue-file").unlink(missing_ok=True)  # had the sandbox failed
         stop = subprocess.run(
             ["bash", "infra/stop.sh"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=180
         )

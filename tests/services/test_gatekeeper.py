@@ -9,6 +9,7 @@ from the registry. Each row of docs/registry-security.md's table of accounts nam
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -18,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sentcl.registry.rules import GateConfig, weight_file_digests, weights_fingerprint
@@ -145,6 +147,14 @@ def _lines(gate: dict, version: str) -> list[str]:
     return [line for line in gate["log"].read_text().splitlines() if pattern.search(line)]
 
 
+def pairs_reversed(pairs: Path, tmp_path: Path) -> Path:
+    reversed_file = tmp_path / "reversed.parquet"
+    table = pd.read_parquet(pairs)
+    table["score"] = table["score"].max() - table["score"]
+    table.to_parquet(reversed_file)
+    return reversed_file
+
+
 def _champion(mlc) -> str:
     return str(mlc.get_model_version_by_alias(PROD, "champion").version)
 
@@ -157,14 +167,24 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
     into the candidates model, waits for the gate process and prints its verdict. The first model ever becomes
     champion of the production model as a verified copy of the candidate."""
     release = make_release(tmp_path)
-    out = run_register(
-        release,
-        tmp_path,
-        600,
-        MLFLOW_TRACKING_USERNAME=REGISTRAR[0],
-        MLFLOW_TRACKING_PASSWORD=REGISTRAR[1],
-        SENTCL_REGISTRY_ROLE="registrar",
-    )
+    # The worker writes data/processed (it runs the pipeline). Pairs rewritten after the gate started, scores
+    # reversed: the gate must judge on the table it read at its start.
+    pairs = gate_process["processed"] / "pairs.parquet"
+    original = pairs.read_bytes()
+    kept = tmp_path / "original.parquet"
+    kept.write_bytes(original)
+    pairs_reversed(kept, tmp_path).replace(pairs)
+    try:
+        out = run_register(
+            release,
+            tmp_path,
+            600,
+            MLFLOW_TRACKING_USERNAME=REGISTRAR[0],
+            MLFLOW_TRACKING_PASSWORD=REGISTRAR[1],
+            SENTCL_REGISTRY_ROLE="registrar",
+        )
+    finally:
+        pairs.write_bytes(original)
     assert out.returncode == 0, out.stdout + out.stderr
     assert f"registered {CANDIDATES} version 1 as challenger" in out.stdout, out.stdout
     assert f"the gate's verdict on {CANDIDATES} version 1: PROMOTED" in out.stdout, out.stdout
@@ -178,8 +198,13 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
     assert champion.source == f"models:/{CANDIDATES}/1"  # MLflow's copy: the candidate's own files
     download_verified(f"models:/{PROD}@champion", tmp_path / "champion")  # its manifest holds for the copy
     assert mlc.get_model_version(CANDIDATES, "1").tags["gate.champion_version"] == str(champion.version)
+    tags = mlc.get_model_version(CANDIDATES, "1").tags
+    assert float(tags["gate.stsb_dev"]) == pytest.approx(spearman_of(release, kept, "STSb"), abs=0.05)
+    assert spearman_of(release, pairs_reversed(kept, tmp_path), "STSb") < 0 < float(tags["gate.stsb_dev"])
     log = gate_process["log"].read_text().splitlines()
-    assert log[0].startswith("gate: watching") and all(line.startswith("gate") for line in log), log
+    digest = hashlib.sha256(original).hexdigest()[:12]
+    assert log[0].startswith(f"gate: dev pairs {pairs} (sha256 {digest}) read once"), log
+    assert log[1].startswith("gate: watching") and all(line.startswith("gate") for line in log), log
     lines = _lines(gate_process, "1")
     assert len(lines) == 1 and "PROMOTED (champion - -> 1)" in lines[0] and "first model" in lines[0], lines
 
@@ -398,3 +423,20 @@ def test_a_non_dumpable_process_hides_its_environ_from_its_own_os_user(closed, t
         assert reader.returncode != 0 and "PermissionError" in reader.stderr, reader.stdout + reader.stderr
     else:
         assert reader.returncode == 0 and "in-the-environment-1" in reader.stdout, reader.stderr
+
+
+def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(tmp_path):
+    """No `dvc repro validate` before `make serve`: the first table the gate finds is the one it keeps."""
+    from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
+
+    source = tmp_path / "processed" / "pairs.parquet"
+    (tmp_path / "own").mkdir()
+    pinned = PinnedDevPairs(source, tmp_path / "own")
+    assert pinned.path() == source  # absent: the decision says so in one line, as without pinning
+    source.parent.mkdir()
+    source.write_bytes(b"first table")
+    copy = pinned.path()
+    assert copy != source and copy.read_bytes() == b"first table"
+    source.write_bytes(b"written by the worker later")
+    assert pinned.path() == copy and copy.read_bytes() == b"first table"
+    assert pinned.sha256 == hashlib.sha256(b"first table").hexdigest()

@@ -564,6 +564,8 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         runs = _wait_for_event_run(prefect_port, deadline_s=120, auth=auth)
         assert runs and runs[0]["state_type"] == "FAILED", runs
         assert runs[0]["parameters"]["domain_text"] == str(tmp_path / "inbox" / "dupes.txt")
+        # For the reason it should fail (the worker's sandbox let it read the text and the code), nothing else.
+        assert "after deduplication" in (runs[0]["state"] or {}).get("message", ""), runs[0]["state"]
 
         # A deployment and a work pool prefect.yaml does not define (what an old checkout or a teammate left):
         # the next `make serve` names each with a warning and removes neither.

@@ -1,0 +1,137 @@
+"""infra/worker-sandbox.sh on its own, the real script around a small Python program: what the worker's code
+may write, read, see and signal. `make serve` under the sandbox: tests/services/test_gate_boundary.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.paths import ROOT
+
+SANDBOX = ROOT / "infra" / "worker-sandbox.sh"
+
+# What the program inside reports: each attempt and whether it worked.
+PROBE = """
+import json, os, sys
+def attempt(fn):
+    try:
+        fn()
+        return True
+    except OSError:
+        return False
+def write(path):
+    with open(path, "w") as f:
+        f.write("x")
+checkout, outsider = sys.argv[1], int(sys.argv[2])
+print(json.dumps({
+    "output": attempt(lambda: write(os.path.join(checkout, "out", "made.txt"))),
+    "checkout": attempt(lambda: write(os.path.join(checkout, "code.py"))),
+    "venv": attempt(lambda: write(os.path.join(os.path.dirname(sys.executable), "planted"))),
+    "tmpdir": attempt(lambda: write(os.path.join(os.environ["TMPDIR"], "scratch"))),
+    "secret": open(os.path.join(checkout, ".env")).read(),
+    "run_dir": os.listdir(os.path.join(checkout, ".run")),
+    "signal_outsider": attempt(lambda: os.kill(outsider, 0)),
+    "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+    "capabilities": open("/proc/self/status").read().split("CapEff:")[1].split()[0],
+}))
+"""
+
+
+def _checkout(tmp_path: Path) -> Path:
+    checkout = tmp_path / "checkout"
+    (checkout / "out").mkdir(parents=True)
+    (checkout / ".run").mkdir()
+    (checkout / ".run" / "users.db").write_text("password hashes")
+    (checkout / ".env").write_text("MLFLOW_AUTH_ADMIN_PASSWORD=secret-of-the-operator\n")
+    (checkout / "code.py").write_text("print('the gate')\n")
+    return checkout
+
+
+def _sandboxed(checkout: Path, *command: str, **kwargs) -> subprocess.Popen:
+    options = ["--writable", "out", "--hide", ".env", "--hide", ".run"]
+    return subprocess.Popen(
+        ["bash", str(SANDBOX), *options, "--", *command], cwd=checkout, text=True, **kwargs
+    )
+
+
+def test_the_sandboxed_program_writes_its_outputs_and_nothing_that_reaches_the_gate(tmp_path):
+    checkout = _checkout(tmp_path)
+    outsider = subprocess.Popen(["sleep", "60"])  # the gate's stand-in: a process outside the sandbox
+    try:
+        run = _sandboxed(
+            checkout,
+            sys.executable,
+            "-c",
+            PROBE,
+            str(checkout),
+            str(outsider.pid),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        out, err = run.communicate(timeout=60)
+    finally:
+        outsider.kill()
+    assert run.returncode == 0, err
+    found = json.loads(out)
+    assert found["output"] and found["tmpdir"]
+    assert not found["checkout"] and not found["venv"]  # read-only: the code the gate runs stays as it is
+    assert found["secret"] == "" and found["run_dir"] == []  # covered
+    assert not found["signal_outsider"]  # another PID namespace: the outsider does not exist there
+    assert len(found["pids"]) <= 3, found["pids"]  # the namespace's first process, the program (and bash)
+    assert int(found["capabilities"], 16) == 0
+    assert (checkout / "out" / "made.txt").read_text() == "x"
+    assert (checkout / "code.py").read_text() == "print('the gate')\n"
+    assert "secret-of-the-operator" in (checkout / ".env").read_text()  # outside, nothing was lost
+
+
+def test_a_missing_writable_path_starts_nothing_in_one_line(tmp_path):
+    checkout = _checkout(tmp_path)
+    marker = tmp_path / "started"
+    run = subprocess.run(
+        ["bash", str(SANDBOX), "--writable", "missing", "--", "touch", str(marker)],
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 2
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and "missing does not exist" in lines[0], run.stderr
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("sent", [signal.SIGTERM, signal.SIGINT])
+def test_make_stops_signal_reaches_the_program_inside(tmp_path, sent):
+    """make stop signals the leader it recorded; the program inside must get it (TERM, then INT) and exit."""
+    checkout = _checkout(tmp_path)
+    program = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+        "print('ready', flush=True)\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(0)\n"
+    )
+    # As make serve starts it: its own session, INT not ignored (env --default-signal=INT).
+    run = subprocess.Popen(
+        ["env", "--default-signal=INT", "bash", str(SANDBOX), "--writable", "out", "--"]
+        + [sys.executable, "-c", program],
+        cwd=checkout,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert run.stdout.readline().strip() == "ready"
+        started = time.monotonic()
+        os.kill(run.pid, sent)
+        assert run.wait(timeout=30) == 0
+        assert time.monotonic() - started < 30
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
