@@ -248,9 +248,22 @@ def test_kubernetes_jobs_hold_the_registrar_and_the_gate_deployment_alone_the_ga
     )
     assert not {k for k in flow_runs if "GATE" in k}
     assert set(secrets["sentcl-gate"]["stringData"]) == {"user", "password"}
+    # Secrets are namespaced: the gate's lives in the gate's namespace, and no Job can be placed there.
+    jobs_namespace = template["variables"]["properties"]["namespace"]
+    assert (
+        jobs_namespace["enum"]
+        == [jobs_namespace["default"]]
+        == [secrets["sentcl-secrets"]["metadata"]["namespace"]]
+    )
+    gate_docs = list(yaml.safe_load_all((INFRA / "k8s" / "gate.yaml").read_text()))
+    gate_namespace = next(d for d in gate_docs if d["kind"] == "Namespace")["metadata"]["name"]
+    assert gate_namespace != jobs_namespace["default"]
+    assert secrets["sentcl-gate"]["metadata"]["namespace"] == gate_namespace
+    assert secrets["sentcl-gate-s3"]["metadata"]["namespace"] == gate_namespace
     k8s_env = next(d for d in load("prefect.yaml")["deployments"] if d["name"] == "retrain-k8s")
     assert k8s_env["work_pool"]["job_variables"]["env"]["SENTCL_REGISTRY_ROLE"] == "registrar"
-    deployment = yaml.safe_load((INFRA / "k8s" / "gate.yaml").read_text())
+    deployment = next(d for d in gate_docs if d["kind"] == "Deployment")
+    assert deployment["metadata"]["namespace"] == gate_namespace
     pod = deployment["spec"]["template"]["spec"]
     (gate,) = pod["containers"]
     assert (
