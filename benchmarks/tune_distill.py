@@ -13,9 +13,13 @@ transfer stage in a scratch folder and is scored, beside the base model, on
     python -m benchmarks.tune_distill                                   # the default variants
     python -m benchmarks.tune_distill --variant lr5e-5x300:transfer.distillation.lr=5e-5,transfer.distillation.steps=300
 
-Ends with a table (Spearman x 100, change against the base) and one line naming the best variant by the mean of
+Ends with a table (Spearman x 100, change against the base) and one line naming the best variant by the sum of
 its STS-B dev and seen-train gains, STS-B dev and SICK-R trial each not below the base by more than
 registry.max_dev_drop.
+
+``--interpolate 0.5,1.5`` also scores, for each variant, the weights ``base + a (variant - base)`` (WiSE-FT,
+Wortsman et al. 2022: a < 1 averages the trained weights with the init's, which is said to keep more on data
+the training did not cover; a > 1 extrapolates). Those rows are reported, never chosen: no stage ships them.
 """
 
 from __future__ import annotations
@@ -109,6 +113,23 @@ def run_variant(
     return folder, time.perf_counter() - started
 
 
+def interpolate(init: str, trained: Path, weight: float, out: Path) -> Path:
+    """A sentence-transformers folder with the weights ``init + weight * (trained - init)`` (every float tensor;
+    the rest, like position ids, the init's)."""
+    from sentence_transformers import SentenceTransformer
+
+    from sentcl.model.encoder import resolve_model_path
+
+    model = SentenceTransformer(resolve_model_path(init), device="cpu")
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    end = SentenceTransformer(str(trained), device="cpu").state_dict()
+    model.load_state_dict(
+        {k: v + weight * (end[k] - v) if v.is_floating_point() else v for k, v in start.items()}
+    )
+    model.save(str(out))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -116,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variant", action="append", help="name:key=value,key=value (repeatable)")
     parser.add_argument("--work", help="scratch folder, kept (default: a temporary one)")
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument(
+        "--interpolate",
+        help="weights a, comma-separated: also score base + a (variant - base), reported only",
+    )
     args = parser.parse_args(argv)
     offline_hub()
     params = load_params()
@@ -124,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(args.work or tempfile.mkdtemp(prefix="tune-distill-")).resolve()
     backend = params["evaluate"]["backend"]
     results: dict[str, dict[str, Any]] = {}
+    interpolated: dict[str, dict[str, Any]] = {}  # reported, never chosen
     base_scores = None
     for name, overrides in variants.items():
         folder, seconds = run_variant(name, overrides, params, work)
@@ -143,14 +169,27 @@ def main(argv: list[str] | None = None) -> int:
             "wall_s": round(seconds, 1),
         }
         print(f"tune-distill: {name}: {results[name]['gains']} ({seconds:.0f} s)", flush=True)
+        for weight in [float(w) for w in args.interpolate.split(",")] if args.interpolate else []:
+            mixed = interpolate(params["model"]["name"], folder / "model", weight, folder / f"mix-{weight:g}")
+            mixed_scores = score(str(mixed), [], sets, backend)
+            interpolated[f"{name}@{weight:g}"] = {
+                **results[name],
+                "scores": {k: mixed_scores[k] for k in sets},
+                "gains": {k: round(mixed_scores[k] - base_scores[k], 2) for k in sets},
+                "wall_s": None,  # no training of its own
+            }
+            print(
+                f"tune-distill: {name}@{weight:g}: {interpolated[f'{name}@{weight:g}']['gains']}", flush=True
+            )
     drop = float(params["registry"]["max_dev_drop"])
     print(
         "\n| variant | STS-B dev | SICK-R trial | STS-B train, seen | step | wall s |\n|---|---|---|---|---|---|"
     )
-    for name, r in results.items():
+    for name, r in {**results, **interpolated}.items():
         s, g = r["scores"], r["gains"]
         cells = [f"{s[k]:.2f} ({g[k]:+.2f})" for k in ("stsb_dev", "sick_trial", "stsb_train_seen")]
-        print(f"| {name} | " + " | ".join(cells) + f" | {r['best_step']}/{r['steps']} | {r['wall_s']:.0f} |")
+        wall = "-" if r["wall_s"] is None else f"{r['wall_s']:.0f}"
+        print(f"| {name} | " + " | ".join(cells) + f" | {r['best_step']}/{r['steps']} | {wall} |")
     allowed = {
         n: r for n, r in results.items() if min(r["gains"]["stsb_dev"], r["gains"]["sick_trial"]) >= -drop
     }
@@ -160,7 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"work": str(work), "load": load, "variants": results}, indent=2)
+            json.dumps(
+                {"work": str(work), "load": load, "variants": results, "interpolated": interpolated}, indent=2
+            )
         )
     n_seen = next(iter(results.values()))["pairs"]["stsb_train_seen"]
     print(

@@ -24,3 +24,26 @@ def test_tuning_sets_hold_dev_splits_and_seen_train_pairs_only():
         "sick_trial": [("t1", "t2", 2.0)],
         "stsb_train_seen": [("a", "b", 3.0)],
     }
+
+
+def test_interpolated_weights_are_the_init_plus_a_times_the_change(tmp_path):
+    """WiSE-FT's arithmetic, read back from the saved files: init + a (trained - init) for every float tensor."""
+    from safetensors.torch import load_file
+
+    from benchmarks.tune_distill import interpolate
+    from tests.tiny import make_tiny_encoder
+
+    init = make_tiny_encoder(tmp_path, "init", seed=1)
+    trained = make_tiny_encoder(tmp_path, "trained", seed=2)
+    start, end = load_file(init / "model.safetensors"), load_file(trained / "model.safetensors")
+    for weight in (0.5, 2.0):
+        mixed = load_file(
+            interpolate(str(init), trained, weight, tmp_path / f"mix-{weight}") / "model.safetensors"
+        )
+        assert set(mixed) == set(start)
+        for key, value in start.items():
+            if value.is_floating_point():
+                expected = value.double() + weight * (end[key].double() - value.double())
+                assert (mixed[key].double() - expected).abs().max() < 1e-5, key
+            else:
+                assert (mixed[key] == value).all(), key
