@@ -72,7 +72,8 @@ for path in "${hide[@]}"; do
 done
 
 # Checked, not assumed: the command starts only if the file systems it should not write are read-only.
-for path in / "$PWD" "$(dirname "$(realpath "$(command -v "$1")")")"; do
+program="$(command -v "$1")" || refuse "$1: not found or not executable"
+for path in / "$PWD" "$(dirname "$(realpath "$program")")"; do
   if ( : >"$path/.worker-sandbox-probe" ) 2>/dev/null; then
     rm -f "$path/.worker-sandbox-probe"
     refuse "$path is still writable inside the sandbox"

@@ -135,3 +135,45 @@ def test_make_stops_signal_reaches_the_program_inside(tmp_path, sent):
     finally:
         if run.poll() is None:
             os.killpg(run.pid, signal.SIGKILL)
+
+
+def test_an_ordinary_user_gets_the_same_sandbox_through_a_user_namespace(tmp_path):
+    """make serve as an ordinary user: no mount without a user namespace (unshare --user --map-root-user)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to become an ordinary user (nobody) for the test")
+    import shutil
+    import tempfile
+
+    home = Path(
+        tempfile.mkdtemp(prefix="sandbox-nobody-")
+    )  # under /tmp, outside root's private pytest folder
+    try:
+        checkout = _checkout(home)
+        shutil.chown(home, "nobody", "nogroup")
+        for path in [checkout, *checkout.rglob("*")]:
+            shutil.chown(path, "nobody", "nogroup")
+        home.chmod(0o755)
+        # An interpreter that user may run (a venv's may link into root's own home).
+        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+        run = subprocess.run(
+            ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--"]
+            + ["bash", str(SANDBOX), "--writable", "out", "--hide", ".env", "--hide", ".run", "--"]
+            + [python, "-c", PROBE, str(checkout), "1"],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if (
+            run.returncode == 2
+        ):  # no unprivileged user namespaces (or no interpreter): refused, never unsandboxed
+            assert len(run.stderr.strip().splitlines()) == 1 and "worker-sandbox:" in run.stderr, run.stderr
+            return
+        assert run.returncode == 0, run.stderr
+        found = json.loads(run.stdout)
+        assert found["output"] and not found["checkout"] and not found["venv"]
+        assert found["secret"] == "" and found["run_dir"] == []
+        assert int(found["capabilities"], 16) == 0 and len(found["pids"]) <= 3
+        assert (checkout / "out" / "made.txt").stat().st_uid == 65534  # written as that user, outside
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
