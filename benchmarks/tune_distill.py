@@ -121,10 +121,9 @@ def interpolate(init: str, trained: Path, weight: float, out: Path) -> Path:
     from sentcl.model.encoder import resolve_model_path
 
     model = SentenceTransformer(resolve_model_path(init), device="cpu")
-    start = {k: v.clone() for k, v in model.state_dict().items()}
     end = SentenceTransformer(str(trained), device="cpu").state_dict()
     model.load_state_dict(
-        {k: v + weight * (end[k] - v) if v.is_floating_point() else v for k, v in start.items()}
+        {k: v + weight * (end[k] - v) if v.is_floating_point() else v for k, v in model.state_dict().items()}
     )
     model.save(str(out))
     return out

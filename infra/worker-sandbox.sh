@@ -14,6 +14,14 @@
 # Usage: worker-sandbox.sh [--writable PATH]... [--hide PATH]... -- COMMAND [ARG]...
 set -euo pipefail
 
+wait_for() {  # pid: exit with its status. A trapped signal ends `wait` early, not the process: wait again.
+  local status
+  while :; do
+    wait "$1" && status=0 || status=$?
+    kill -0 "$1" 2>/dev/null || exit "$status"
+  done
+}
+
 if [[ "${1:-}" != --inside ]]; then
   # The leader make serve records and make stop signals. unshare --fork blocks TERM and INT in itself, so the
   # leader passes them on to the namespace's first process (below), which passes them to the command.
@@ -27,11 +35,7 @@ if [[ "${1:-}" != --inside ]]; then
   forward() { pkill "-$1" -P "$namespace" 2>/dev/null || true; }
   trap 'forward TERM' TERM
   trap 'forward INT' INT
-  while :; do
-    wait "$namespace" && status=0 || status=$?
-    kill -0 "$namespace" 2>/dev/null || break            # a trapped signal ended the wait, not the process
-  done
-  exit "$status"
+  wait_for "$namespace"
 fi
 
 shift
@@ -86,8 +90,4 @@ env --default-signal=INT setpriv --inh-caps=-all --bounding-set=-all --no-new-pr
 command=$!
 trap 'kill -TERM "$command" 2>/dev/null || true' TERM
 trap 'kill -INT "$command" 2>/dev/null || true' INT
-while :; do
-  wait "$command" && status=0 || status=$?
-  kill -0 "$command" 2>/dev/null || break
-done
-exit "$status"   # the namespace's first process: its end ends whatever the command left behind
+wait_for "$command"   # the namespace's first process: its end ends whatever the command left behind

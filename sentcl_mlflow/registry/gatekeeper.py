@@ -202,9 +202,10 @@ def run(
             waiting = []
         for version in waiting:
             try:
+                pairs = dev_pairs.path()  # outside the redirect: a first read of the table says so in the log
                 # One line per decision: what the gate's steps print on the way ("scoring on ...") is dropped.
                 with contextlib.redirect_stdout(io.StringIO()):
-                    result = judge(source, version, params, dev_pairs.path())
+                    result = judge(source, version, params, pairs)
                 print(decision_line(result), flush=True)
             except GateRefusedError as e:
                 print(str(e), flush=True)
