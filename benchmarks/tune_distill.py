@@ -89,7 +89,7 @@ def tuning_sets(pairs, trained: set[str]) -> dict[str, list[tuple[str, str, floa
 
 
 def run_variant(
-    name: str, overrides: dict[str, Any], params: dict[str, Any], work: Path
+    name: str, overrides: dict[str, Any], params: dict[str, Any], work: Path, teacher: Path
 ) -> tuple[Path, float]:
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
@@ -104,7 +104,7 @@ def run_variant(
         "--metrics-dir",
         str(folder / "metrics"),
     ]
-    cmd += ["--checkpoints-dir", str(folder / "ckpt"), "--teacher-vectors", str(ROOT / "data" / "teacher")]
+    cmd += ["--checkpoints-dir", str(folder / "ckpt"), "--teacher-vectors", str(teacher)]
     print(f"tune-distill: {name}: {overrides or 'params.yaml as it is'}", flush=True)
     started = time.perf_counter()
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1")
@@ -137,6 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", help="scratch folder, kept (default: a temporary one)")
     parser.add_argument("--json", help="also write the results here")
     parser.add_argument(
+        "--teacher-vectors",
+        type=Path,
+        default=ROOT / "data" / "teacher",
+        help="the teacher stage's output for the variants' text (a text other than transfer.texts: "
+        "python -m stages.teacher --texts FILE --output DIR --no-benchmark)",
+    )
+    parser.add_argument(
         "--interpolate",
         help="weights a, comma-separated: also score base + a (variant - base), reported only",
     )
@@ -151,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     interpolated: dict[str, dict[str, Any]] = {}  # reported, never chosen
     base_scores = None
     for name, overrides in variants.items():
-        folder, seconds = run_variant(name, overrides, params, work)
+        folder, seconds = run_variant(name, overrides, params, work, args.teacher_vectors.resolve())
         trained = set(read_seen(folder / "metrics" / "seen" / f"tune-{name}.txt"))
         sets = tuning_sets(pairs, trained)
         if base_scores is None:

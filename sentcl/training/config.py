@@ -42,6 +42,7 @@ class TrainConfig:
     lr: float
     head_lr: float | None  # the NLI classifier's lr (None: lr)
     weight_decay: float
+    init_decay: float  # decoupled pull toward the init's weights (L2-SP): p -= lr * init_decay * (p - p_init); 0 = off
     warmup_ratio: float  # linear warm-up, then linear decay to zero at ``steps``
     optimizer: str  # adamw (torch AdamW, decay on every parameter) | consert (sentence-transformers 0.3 fit)
     max_grad_norm: float  # 0 switches clipping off
@@ -147,6 +148,7 @@ class TrainConfig:
         need(self.lr >= 0, "lr", "not negative")
         need(self.head_lr is None or self.head_lr >= 0, "head_lr", "null or not negative")
         need(self.weight_decay >= 0, "weight_decay", "not negative")
+        need(self.init_decay >= 0, "init_decay", "not negative (0 = off)")
         need(0 <= self.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]")
         need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
         need(self.max_grad_norm >= 0, "max_grad_norm", "not negative (0 = off)")

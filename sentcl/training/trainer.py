@@ -119,6 +119,13 @@ class Trainer:
         if heads:
             groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
         self.params = [p for group in groups for p in group["params"]]
+        # L2-SP (Li et al. 2018, "Explicit inductive bias for transfer learning"), decoupled as AdamW decays:
+        # the encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
+        self.init_weights = (
+            [(p, p.detach().clone()) for p in self.encoder.parameters() if p.requires_grad]
+            if config.init_decay
+            else []
+        )
         if config.optimizer == "consert":
             names = {
                 id(p): n for n, p in [*self.encoder.named_parameters(), *self.objective.named_parameters()]
@@ -206,6 +213,11 @@ class Trainer:
             self._all_reduce_gradients()
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+        if self.init_weights:  # before the update, as torch's AdamW applies its own decay
+            with torch.no_grad():
+                pull = self.optimizer.param_groups[0]["lr"] * self.cfg.init_decay
+                for weight, start in self.init_weights:
+                    weight.sub_(weight - start, alpha=pull)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

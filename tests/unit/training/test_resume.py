@@ -39,7 +39,8 @@ def setup(tmp_path):
     write_tiny_processed(tmp_path / "processed")
     params = yaml.safe_load(open(os.path.join(ROOT, "params.yaml")))  # the real defaults, shortened
     params["seed"], params["model"] = 3, {"name": "unused", "max_length": 32}
-    params["train"].update(eval_steps=40, save_steps=10, patience=1000, device="cpu")
+    # A pull toward the init (L2-SP) as well: a resumed run must pull toward the init, not the resumed weights.
+    params["train"].update(eval_steps=40, save_steps=10, patience=1000, device="cpu", init_decay=20.0)
     params["transfer"].update(steps=120, batch_size=16, lr=2e-3, eval_steps=40)
     params["transfer"]["base"]["views"] = ["shuffle", "token_cutoff"]
     params["transfer"]["base"]["objective"] = "contrastive"  # the recipe distils by default; no teacher here
