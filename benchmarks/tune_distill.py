@@ -12,6 +12,7 @@ transfer stage in a scratch folder and is scored, beside the base model, on
 
     python -m benchmarks.tune_distill                                   # the default variants
     python -m benchmarks.tune_distill --variant lr5e-5x300:transfer.distillation.lr=5e-5,transfer.distillation.steps=300
+    python -m benchmarks.tune_distill --teacher-vectors DIR --variant more:transfer.texts=FILE  # another text
 
 Ends with a table (Spearman x 100, change against the base) and one line naming the best variant by the sum of
 its STS-B dev and seen-train gains, STS-B dev and SICK-R trial each not below the base by more than
