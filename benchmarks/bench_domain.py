@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher, teacher_not_better
+from sentcl.data.domain import RETRAIN_METHODS, retrain_steps, retrain_teacher, teacher_not_better
 from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
 from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
@@ -141,10 +141,17 @@ def test_splits(test: Pairs, cosines: np.ndarray, trained: list[str]) -> dict[st
 
 
 def transfer(
-    init: str, objective: str, name: str, args: argparse.Namespace, setting: dict[str, Any], work: Path
+    init: str,
+    objective: str,
+    name: str,
+    args: argparse.Namespace,
+    setting: dict[str, Any],
+    work: Path,
+    params: dict[str, Any],
 ) -> tuple[Path, dict[str, Any], float]:
-    """One run of the transfer stage in ``setting`` (its text, selection flag and teacher); returns its model
-    folder, metrics and wall time."""
+    """One run of the transfer stage in ``setting`` (its text, selection flag and teacher), as long as the retrain
+    flow's run of ``objective`` (retrain.distill_steps for distill) unless --steps says; returns its model folder,
+    metrics and wall time."""
     output = work / name
     cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", args.recipe]
     cmd += ["--texts", setting["text"], "--objective", objective, "--output", str(output)]
@@ -153,6 +160,7 @@ def transfer(
     cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
     # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
     steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
+    steps = steps or retrain_steps(params, objective)
     cmd += ["--steps", str(steps)] if steps else []
     cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
     cmd += ["--teacher-vectors", setting["teacher"]] if objective == "distill" else []
@@ -380,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
                     chain = (mode, *METHODS[method][: i + 1])
                     if chain not in finished:
                         name = f"{mode}-{method.replace('+', '-')}-{i}"
-                        finished[chain] = transfer(model, objective, name, args, setting, work)
+                        finished[chain] = transfer(model, objective, name, args, setting, work, params)
                     else:
                         print(f"bench-domain: {method} ({mode}): reusing the {' then '.join(chain[1:])} run")
                     output, metrics, seconds = finished[chain]

@@ -66,6 +66,7 @@ from sentcl.data.domain import (
     read_domain_text,
     read_scored_pairs,
     retrain_method,
+    retrain_steps,
     retrain_teacher,
     teacher_not_better,
     write_sentences,
@@ -335,7 +336,9 @@ def retrain(
             base["selected_on"] = "teacher_agreement"
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
-        run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, options)
+        # distill trains retrain.distill_steps (a nightly budget) unless the run was given --steps
+        own = {**options, "steps": steps or retrain_steps(settings, objective)}
+        run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own)
         runs.append(run)
         model = run["output"]
     base["runs"] = [

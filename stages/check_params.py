@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from sentcl import params_check as rules
-from sentcl.data.domain import retrain_method
+from sentcl.data.domain import retrain_method, retrain_steps
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
@@ -52,6 +52,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
     ("retrain held-out share", AgreementConfig.from_params),
+    ("retrain distill steps", lambda params: retrain_steps(params, "distill")),
     ("evaluate", rules.check_evaluate),
     ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from sentcl.params import ParamsError, one_of, read_section
+from sentcl.params import ParamsError, one_of, read_section, whole_number
 
 MIN_SENTENCES = 2  # in-batch negatives need at least two distinct sentences
 UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")  # an upload or download still going
@@ -34,8 +34,16 @@ RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
     "distill": ("distill",),
     "distill+contrastive": ("distill", "contrastive"),
 }
-# method: what trains; the rest: the held-out share that selects and gates without labels (sentcl.training.agreement)
-RETRAIN_KEYS = ("method", "heldout_share", "heldout_max", "agreement_neighbours", "agreement_random")
+# method: what trains; distill_steps: how long a distill run trains; the rest: the held-out share that selects and
+# gates without labels (sentcl.training.agreement)
+RETRAIN_KEYS = (
+    "method",
+    "distill_steps",
+    "heldout_share",
+    "heldout_max",
+    "agreement_neighbours",
+    "agreement_random",
+)
 
 log = logging.getLogger("sentcl.data.domain")
 
@@ -50,6 +58,15 @@ def retrain_method(params: Mapping[str, Any]) -> str:
     method = one_of(section.get("method"), "retrain.method", tuple(RETRAIN_METHODS))
     retrain_teacher(params, method)
     return method
+
+
+def retrain_steps(params: Mapping[str, Any], objective: str) -> int | None:
+    """The steps of a retrain run of ``objective``: params.yaml ``retrain.distill_steps`` for distill (a nightly
+    budget, shorter than the pipeline's transfer.distillation.steps); None for the others (their recipe's)."""
+    if objective != "distill":
+        return None
+    section = read_section(params, "retrain", RETRAIN_KEYS)
+    return whole_number(section["distill_steps"], "retrain.distill_steps", minimum=1)
 
 
 def chosen_method(params: Mapping[str, Any], method: str | None) -> str:

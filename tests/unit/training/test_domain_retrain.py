@@ -132,6 +132,21 @@ def test_tsdae_recipe_comes_from_params_yaml():
     assert train_config().objective == params["transfer"]["objective"] == "contrastive"
 
 
+def test_a_retrain_distill_run_trains_retrain_distill_steps_and_the_other_objectives_their_recipe():
+    from sentcl.data.domain import retrain_steps
+    from sentcl.params import ParamsError
+
+    params = yaml.safe_load(open("params.yaml"))
+    assert retrain_steps(params, "distill") == params["retrain"]["distill_steps"]
+    assert retrain_steps(params, "contrastive") is None and retrain_steps(params, "tsdae") is None
+    for bad in (0, 2.5, True, "600"):
+        with pytest.raises(ParamsError, match="retrain.distill_steps must be a whole number >= 1"):
+            retrain_steps({**params, "retrain": {**params["retrain"], "distill_steps": bad}}, "distill")
+    rest = {k: v for k, v in params["retrain"].items() if k != "distill_steps"}
+    with pytest.raises(ParamsError, match="retrain.distill_steps is missing"):
+        retrain_steps({**params, "retrain": rest}, "distill")
+
+
 def test_tsdae_damage_deletes_whitespace_words_and_keeps_one(tiny_model):
     objective = tsdae_trainer(tiny_model).objective
     generator = torch.Generator().manual_seed(0)
