@@ -18,7 +18,7 @@ contrastive transfer from its output) | distill | distill+contrastive. A run in 
 its init registers nothing.
 
 A distill method learns from params ``teacher.model`` (``none`` with a distill method: one line, exit 2, before
-any work). The teacher stage encodes the domain text and the ``--domain-dev`` pairs into the work folder and scores
+any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the domain text and the ``--domain-dev`` pairs into the work folder and scores
 teacher and student (the init) on those pairs; a teacher not better by more than ``registry.min_delta`` is said in
 one line and nothing is trained or registered (the inbox is archived, as on "no gain"): there is nothing to learn
 from it. Without ``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set
