@@ -74,6 +74,8 @@ def mlflow_server(tmp_path_factory):
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
+        # As infra/mlflow-server.sh serves it: no job runner (four huey consumer processes nothing here uses).
+        env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"},
     )
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
