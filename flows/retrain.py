@@ -18,10 +18,10 @@ contrastive transfer from its output) | distill | distill+contrastive. A run in 
 its init registers nothing.
 
 A distill method learns from params ``teacher.model`` (``none`` with a distill method: one line, exit 2, before
-any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the domain text and the ``--domain-dev`` pairs into the work folder and scores
-teacher and student (the init) on those pairs; a teacher not better by more than ``registry.min_delta`` is said in
-one line and nothing is trained or registered (the inbox is archived, as on "no gain"): there is nothing to learn
-from it. Without ``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set
+any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the
+domain text and the ``--domain-dev`` pairs into the work folder and scores teacher and student (the init) on
+those pairs; a teacher not better by more than ``registry.min_delta`` is said in one line and nothing is trained
+or registered (the inbox is archived, as on "no gain"): there is nothing to learn from it. Without ``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set
 aside before the teacher stage, never trained on: selection and the gate read the student's agreement with the
 teacher on pairs among those sentences (sentcl.training.agreement; STS-B dev a guard). The summary's
 ``selected_on``: ``domain_dev``, ``teacher_agreement`` or ``stsb_dev`` (other methods without ``--domain-dev``).
@@ -285,6 +285,11 @@ def retrain(
     settings = load_params(Path(params) if params else None)
     method = chosen_method(settings, method)
     teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
+    # Each run's steps, checked before any work: distill trains retrain.distill_steps (a nightly budget) unless
+    # the run was given steps.
+    run_steps = {
+        objective: steps or retrain_steps(settings, objective) for objective in RETRAIN_METHODS[method]
+    }
     checked = check_text(domain_text, files)
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
@@ -336,8 +341,7 @@ def retrain(
             base["selected_on"] = "teacher_agreement"
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
-        # distill trains retrain.distill_steps (a nightly budget) unless the run was given --steps
-        own = {**options, "steps": steps or retrain_steps(settings, objective)}
+        own = {**options, "steps": run_steps[objective]}
         run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own)
         runs.append(run)
         model = run["output"]
