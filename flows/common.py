@@ -14,6 +14,10 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NO_CACHE
 
 from sentcl.params import FlowConfig
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
@@ -134,6 +138,18 @@ def progress_filtered(stream: Iterable[str], every_s: float = PROGRESS_EVERY_S) 
                 continue
             last = now
         yield text
+
+
+def stage_task(config: FlowConfig, **options: Any) -> Any:
+    """The Prefect task decorator for a step that runs a stage: never cached (DVC or the stage decides what is
+    up to date), retried ``flow.retries`` times only when it failed the transient way (retry_if_transient)."""
+    return task(
+        cache_policy=NO_CACHE,
+        retries=config.retries,
+        retry_delay_seconds=config.retry_delay_s,
+        retry_condition_fn=retry_if_transient,
+        **options,
+    )
 
 
 def retry_if_transient(task, task_run, state) -> bool:  # noqa: ANN001 (Prefect's callback signature)

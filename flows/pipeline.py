@@ -15,10 +15,9 @@ import sys
 from pathlib import Path
 
 import yaml
-from prefect import flow, task
-from prefect.cache_policies import NO_CACHE
+from prefect import flow
 
-from flows.common import flow_config, promotion_slot, retry_if_transient, run_stage
+from flows.common import flow_config, promotion_slot, run_stage, stage_task
 from stages.common import ROOT
 
 GATED_STAGES = {"register"}
@@ -30,13 +29,7 @@ def stage_names(repo: Path = ROOT) -> list[str]:
         return list((yaml.safe_load(f) or {}).get("stages") or {})
 
 
-@task(
-    task_run_name="dvc repro {stage}",
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-    cache_policy=NO_CACHE,  # DVC is the cache; Prefect must always ask it
-)
+@stage_task(SETTINGS, task_run_name="dvc repro {stage}")  # DVC is the cache; Prefect always asks it
 def repro(stage: str, force: bool = False, repo: Path = ROOT, timeout_s: float | None = None) -> str:
     cmd = [sys.executable, "-m", "dvc", "repro", stage] + (["--force"] if force else [])
     if stage in GATED_STAGES:

@@ -21,9 +21,10 @@ A distill method learns from params ``teacher.model`` (``none`` with a distill m
 any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the
 domain text and the ``--domain-dev`` pairs into the work folder and scores teacher and student (the init) on
 those pairs; a teacher not better by more than ``registry.min_delta`` is said in one line and nothing is trained
-or registered (the inbox is archived, as on "no gain"): there is nothing to learn from it. Without ``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set
-aside before the teacher stage, never trained on: selection and the gate read the student's agreement with the
-teacher on pairs among those sentences (sentcl.training.agreement; STS-B dev a guard). The summary's
+or registered (the inbox is archived, as on "no gain"): there is nothing to learn from it. Without
+``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set aside before the
+teacher stage, never trained on: selection and the gate read the student's agreement with the teacher on pairs
+among those sentences (sentcl.training.agreement; STS-B dev a guard). The summary's
 ``selected_on``: ``domain_dev``, ``teacher_agreement`` or ``stsb_dev`` (other methods without ``--domain-dev``).
 
 Every step is a stage run as a subprocess (stages.transfer, stages.evaluate, stages.export) so that the
@@ -54,6 +55,7 @@ from flows.common import (
     retry_if_transient,
     run_stage,
     run_tags_env,
+    stage_task,
 )
 from sentcl.data.domain import (
     RETRAIN_METHODS,
@@ -151,23 +153,13 @@ def prepare_text(
     return {**text.summary(), "path": str(path)}
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-)
+@stage_task(SETTINGS)
 def ensure_data() -> None:
     """The transfer stage scores STS-B dev from data/processed; DVC brings it up to date if needed."""
     run_stage([PY, "-m", "dvc", "repro", "validate"])
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-)
+@stage_task(SETTINGS)
 def teacher_vectors(
     model: str, texts: str, init: str, work: Path, env: dict[str, str], options: dict[str, Any]
 ) -> dict[str, Any]:
@@ -185,12 +177,7 @@ def teacher_vectors(
     return json.loads((output / "teacher.json").read_text())
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-)
+@stage_task(SETTINGS)
 def transfer(
     init: str,
     texts: str,
@@ -218,12 +205,7 @@ def transfer(
     return {"stage": stage, "objective": objective, "output": str(output), **record}
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-)
+@stage_task(SETTINGS)
 def evaluate(
     models: dict[str, str], output: Path, env: dict[str, str], raw: str | None = None
 ) -> dict[str, Any]:
@@ -234,12 +216,7 @@ def evaluate(
     return json.loads(output.read_text())
 
 
-@task(
-    cache_policy=NO_CACHE,
-    retries=SETTINGS.retries,
-    retry_delay_seconds=SETTINGS.retry_delay_s,
-    retry_condition_fn=retry_if_transient,
-)
+@stage_task(SETTINGS)
 def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict[str, Any]:
     # The slot serialises gates across every flow on this Prefect server; the stage adds its file lock.
     with promotion_slot():

@@ -160,6 +160,32 @@ def test_setup_runs_again_and_puts_back_a_changed_permission(auth_server, monkey
     assert out.returncode == 0, out.stderr
 
 
+def test_a_remembered_password_still_refuses_a_wrong_one_and_an_old_one_after_a_change(
+    auth_server, monkeypatch
+):
+    """infra/mlflow-server.sh lets MLflow remember a credential that passed (auth_cache_ttl_seconds): a wrong
+    password is still refused right after the right one passed, and a password changed through the API is
+    refused at the next request, not 60 s later (one worker)."""
+    _setup_as_admin(monkeypatch)
+    old, new = TEAM[1], "team-secret-for-tests-2"
+    as_user(monkeypatch, TEAM)
+    assert store.caller_identity() == TEAM[0]  # now remembered
+    as_user(monkeypatch, (TEAM[0], old + "x"))
+    with pytest.raises(store.TrackingAuthError):
+        store.caller_identity()
+    as_user(monkeypatch, ADMIN)
+    auth._auth_client().update_user_password(TEAM[0], new)
+    try:
+        as_user(monkeypatch, TEAM)
+        with pytest.raises(store.TrackingAuthError):
+            store.caller_identity()
+        as_user(monkeypatch, (TEAM[0], new))
+        assert store.caller_identity() == TEAM[0]
+    finally:
+        as_user(monkeypatch, ADMIN)
+        auth._auth_client().update_user_password(TEAM[0], old)
+
+
 def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path):
     from mlflow.exceptions import MlflowException
 
