@@ -20,8 +20,9 @@ mkdir -p "$RUN" "$ARTIFACTS"
 # what nobody granted them more on; the gate's account alone edits the production model (sentcl_mlflow.auth).
 # auth_cache_ttl_seconds: MLflow checks a password's scrypt hash more than once per request (0.35-0.44 s a
 # request on a 2-core EPYC, 0.02 s with the cache); a credential that passed is remembered 60 s, keyed by an
-# HMAC of the password. A wrong password is always checked. With one worker a password changed or an account deleted through the API is
-# refused at once; only a change made in the users database behind the server's back waits out the 60 s.
+# HMAC of the password. A wrong password is always checked. With one worker, a password changed or an account
+# deleted through the API is refused at once; a change made in the users database behind the server's back
+# waits out the 60 s.
 cat >"$RUN/mlflow-auth.ini" <<INI
 [mlflow]
 default_permission = READ
