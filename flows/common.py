@@ -16,9 +16,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-
 from sentcl.params import FlowConfig
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from stages.common import ROOT, load_params
@@ -142,7 +139,10 @@ def progress_filtered(stream: Iterable[str], every_s: float = PROGRESS_EVERY_S) 
 
 def stage_task(config: FlowConfig, **options: Any) -> Any:
     """The Prefect task decorator for a step that runs a stage: never cached (DVC or the stage decides what is
-    up to date), retried ``flow.retries`` times only when it failed the transient way (retry_if_transient)."""
+    up to date), retried ``flows.retries`` times only when it failed the transient way (retry_if_transient)."""
+    from prefect import task
+    from prefect.cache_policies import NO_CACHE
+
     return task(
         cache_policy=NO_CACHE,
         retries=config.retries,

@@ -52,7 +52,6 @@ from flows.common import (
     cli_errors,
     flow_config,
     promotion_slot,
-    retry_if_transient,
     run_stage,
     run_tags_env,
     stage_task,
@@ -100,13 +99,13 @@ def check_text(domain_text: str, files: list[Path] | None) -> dict[str, Any]:
     return read_domain_text(domain_text, files=files, warn=get_run_logger().warning).summary()
 
 
-@task(cache_policy=NO_CACHE, retries=2, retry_delay_seconds=10, retry_condition_fn=retry_if_transient)
+@stage_task(SETTINGS)
 def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     """The champion's folder and its registered scores; the base model when nothing is registered yet.
 
-    Retried (twice) when MLflow or its artifact store has a hiccup (flows.common.transient_error: the server
-    unreachable, a connection reset, MLflow's TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch
-    or a missing model is not retried."""
+    Retried (params.yaml ``flows.retries``, ``flows.retry_delay_s`` apart) when MLflow or its artifact store has
+    a hiccup (flows.common.transient_error: the server unreachable, a connection reset, MLflow's
+    TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch or a missing model is not retried."""
     from sentcl_mlflow.registry.download import champion_scores, download_model
     from sentcl_mlflow.registry.names import gate_config
 
