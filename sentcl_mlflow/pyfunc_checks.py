@@ -55,8 +55,11 @@ def files_manifest(root: Path, bytecode: bool = True) -> dict[str, str]:
 
 
 def check_manifest(root: Path, expected: Mapping[str, str], what: str, bytecode: bool = True) -> None:
-    """Raise :class:`ModelTamperedError` unless the files under ``root`` are exactly ``expected``."""
+    """Raise :class:`ModelTamperedError` unless the files under ``root`` are exactly ``expected``
+    (``bytecode=False``: ``__pycache__`` left out on both sides)."""
     actual = files_manifest(root, bytecode)
+    if not bytecode:
+        expected = {k: v for k, v in expected.items() if "__pycache__" not in Path(k).parts}
     changed = sorted(k for k in expected.keys() & actual.keys() if expected[k] != actual[k])
     missing = sorted(expected.keys() - actual.keys())
     extra = sorted(actual.keys() - expected.keys())

@@ -341,20 +341,35 @@ def log_pyfunc_run(
         series = [Metric(metric_key(k), float(v), now, 0) for k, v in metrics.items() if _finite(v)]
         for chunk in _chunks(series, 1000):
             mlc.log_batch(run_id, metrics=chunk)
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=str(model_file),
-            code_paths=[str(Path(__file__).with_name("pyfunc_checks.py"))],
-            artifacts={k: str(v) for k, v in artifacts.items()},
-            signature=signature,
-            input_example=input_example,
-            pip_requirements=pip_requirements,
-        )
+        with no_bytecode():
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=str(model_file),
+                code_paths=[str(Path(__file__).with_name("pyfunc_checks.py"))],
+                artifacts={k: str(v) for k, v in artifacts.items()},
+                signature=signature,
+                input_example=input_example,
+                pip_requirements=pip_requirements,
+            )
     except BaseException as error:
         _end_active_run(error)
         raise
     mlflow.end_run("FINISHED")
     return run_id, info.model_uri
+
+
+@contextmanager
+def no_bytecode() -> Iterator[None]:
+    """No ``__pycache__`` written meanwhile. MLflow checks the input example by importing the model's code
+    where it logged it: in a local artifact store that wrote Python's bytecode into the model itself, which
+    then became part of its registered manifest (and a file a later load could be handed)."""
+    import sys
+
+    before, sys.dont_write_bytecode = sys.dont_write_bytecode, True
+    try:
+        yield
+    finally:
+        sys.dont_write_bytecode = before
 
 
 def _end_active_run(error: BaseException) -> None:
