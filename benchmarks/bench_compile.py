@@ -17,9 +17,8 @@ import argparse
 import time
 
 import torch
-from transformers import AutoTokenizer
 
-from sentcl.model.encoder import Encoder, resolve_model_path
+from sentcl.model.encoder import Encoder
 from sentcl.training.trainer import Trainer
 from stages.common import PROCESSED, RAW, load_params
 from stages.training import load_nli, load_pairs, stage_config, transfer_texts
@@ -36,9 +35,7 @@ def main() -> None:
     args = parser.parse_args()
     params = load_params()
     pairs, nli = load_pairs(args.processed), load_nli(args.processed)
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(params["model"]["name"]))
-    max_length = params["model"]["max_length"]
-    texts = transfer_texts(params["transfer"]["texts"], pairs, nli, RAW, tokenizer, max_length)
+    texts = transfer_texts(params["transfer"]["texts"], pairs, nli, RAW)
     dev = [("a", "b", 0.0), ("c", "d", 1.0)]  # unused: no evaluation here
     trainers, totals, firsts = {}, {}, {}
     for name, compiled in (("eager", False), ("compiled", True)):

@@ -205,7 +205,7 @@ def default_text(path: str, max_length: int) -> list[str]:
     if not (root / "STS").is_dir():
         raise SystemExit(f"bench-train: no SentEval data in {RAW} or {root} (set SENTEVAL_MIRROR)")
     pairs, nli, _ = load_tables(root, [])
-    return transfer_texts("heldout", pairs, nli, root, AutoTokenizer.from_pretrained(path), max_length, log)
+    return transfer_texts("heldout", pairs, nli, root, log)
 
 
 def load_teacher(texts: list[str], path: str, pool: int, seed: int):

@@ -10,7 +10,7 @@ and the dev splits beside it: STS-B dev (``stsb_dev``) and SICK-R trial (``sick_
 
 The stage also splits each checkpoint's seven tasks by what it saw in training (``seen_split`` in sts.json:
 pairs whose two sentences, one or neither are in the text of the training stages of its lineage,
-``data/seen/<stage>.txt``, matched by token ids) and scores the STS-B train and SICK-R train pairs that no stage
+``data/seen/<stage>.txt``, matched by the one rule of ``sentcl.data.roles``) and scores the STS-B train and SICK-R train pairs that no stage
 trained on and no evaluation reads (``unseen_sts``; ``sentcl.evaluation.seen.unseen_sts_subsets`` has the rule).
 The standalone mode does neither.
 
@@ -62,9 +62,7 @@ def run_pipeline(
     folders = {name: MODELS / name for name in settings["checkpoints"]}
     poolings = scoring.checkpoint_poolings(folders, settings, pooling, prompt_flags)
     pooling, backend = pooling or settings["pooling"], backend or settings["backend"]
-    benchmark, more_scores, seen_files = split_scoring(
-        load_benchmark(data), list(folders), params["model"]["max_length"], PROCESSED, SEEN, MODELS / "base"
-    )
+    benchmark, more_scores, seen_files = split_scoring(load_benchmark(data), list(folders), PROCESSED, SEEN)
     results = scoring.score_checkpoints(
         folders,
         poolings,
@@ -89,17 +87,12 @@ def run_pipeline(
 def split_scoring(
     benchmark: Benchmark,
     checkpoints: list[str],
-    max_length: int,
     processed: Path,
     seen_dir: Path,
-    tokenizer_from: Path,
 ) -> tuple[Benchmark, Callable[[str, dict[str, Any]], dict[str, Any]], list[Path]]:
     """What splits each checkpoint's scores by what it saw (``sentcl.evaluation.seen``): the benchmark with the
     unseen-STS pairs added (encoded with it), the scorer of a checkpoint's cosines, and the seen-text files
-    read. Sentences match by token ids under the checkpoints' tokenizer (that of ``tokenizer_from``; every
-    checkpoint starts from base) cut at ``model.max_length``. A training stage's text missing: setup error."""
-    from transformers import AutoTokenizer
-
+    read. Sentences match by ``sentcl.data.roles.normalise``. A training stage's text missing: setup error."""
     texts: dict[str, list[str]] = {}
     for stage in training_stages():
         path = seen_dir / f"{stage}.txt"
@@ -108,22 +101,13 @@ def split_scoring(
                 f"{path} is missing: run the training stages first (dvc repro)"
             )
         texts[stage] = path.read_text(encoding="utf-8").splitlines()
-    tokens = seen_split.token_matcher(
-        AutoTokenizer.from_pretrained(resolve_model_path(tokenizer_from)), max_length
-    )
     every_text = {s for lines in texts.values() for s in lines}
-    unseen = seen_split.unseen_sts_subsets(pd.read_parquet(processed / "pairs.parquet"), every_text, tokens)
+    unseen = seen_split.unseen_sts_subsets(pd.read_parquet(processed / "pairs.parquet"), every_text)
     benchmark = replace(benchmark, extra=unseen)
-    # One key per benchmark sentence, computed once: six checkpoints split the same pairs.
-    sentences = benchmark.sentences
-    cache = dict(zip(sentences, tokens(sentences), strict=True))
-
-    def keys(batch: Any) -> list[Any]:
-        return [cache[s] for s in batch]
 
     lineages = {name: checkpoint_lineage(name) for name in checkpoints}
     seen_sets = {
-        name: seen_split.seen_keys([s for stage in stages for s in texts[stage]], tokens)
+        name: seen_split.seen_keys([s for stage in stages for s in texts[stage]])
         for name, stages in lineages.items()
     }
 
@@ -132,12 +116,12 @@ def split_scoring(
     reference: dict[str, Any] = {}
 
     def more_scores(name: str, cosines: dict[str, Any]) -> dict[str, Any]:
-        split = seen_split.split_scores(benchmark.subsets, cosines["subsets"], seen_sets[name], keys)
+        split = seen_split.split_scores(benchmark.subsets, cosines["subsets"], seen_sets[name])
         split |= {"trained_on": [f"data/seen/{stage}.txt" for stage in lineages[name]]}
         if name == REFERENCE:
             reference["subsets"] = cosines["subsets"]
         elif "subsets" in reference:
-            same = seen_split.split_scores(benchmark.subsets, reference["subsets"], seen_sets[name], keys)
+            same = seen_split.split_scores(benchmark.subsets, reference["subsets"], seen_sets[name])
             split[seen_split.BASE_SAME_PAIRS] = same["avg"]
         unseen_scores = seen_split.unseen_sts_scores(benchmark.extra, cosines["extra"])
         return {

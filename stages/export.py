@@ -48,7 +48,7 @@ def _parse_models(values: list[str]) -> dict[str, Path]:
 
 def calibration_text(path: Path | None, params: dict[str, Any], folder: Path) -> list[str]:
     """The training text for static int8 calibration: ``path`` (a retrain's domain text) or ``transfer.texts``,
-    selected as the transfer stage selects it (``heldout`` drops dev-identical sentences with this tokenizer)."""
+    selected as the transfer stage selects it (``heldout`` drops the dev splits' sentences)."""
     from stages import training
 
     if path is not None:
@@ -56,11 +56,8 @@ def calibration_text(path: Path | None, params: dict[str, Any], folder: Path) ->
     choice = params["transfer"]["texts"]
     if Path(choice).exists():
         return training.read_texts(Path(choice))
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
     pairs, nli = training.load_pairs(), training.load_nli()
-    return training.transfer_texts(choice, pairs, nli, RAW, tokenizer, int(params["model"]["max_length"]))
+    return training.transfer_texts(choice, pairs, nli, RAW)
 
 
 def main(argv: list[str] | None = None) -> int:

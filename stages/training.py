@@ -48,12 +48,10 @@ def load_nli(processed: Path = PROCESSED) -> pd.DataFrame:
     return pd.read_parquet(Path(processed) / "nli.parquet")
 
 
-def transfer_texts(
-    choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path, tokenizer: Any, max_length: int
-) -> list[str]:
+def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Path) -> list[str]:
     """``sentcl.training.data.transfer_texts``; an unknown choice or a file without usable text: exit 2."""
     try:
-        return training_data.transfer_texts(choice, pairs, nli, raw, tokenizer, max_length, log)
+        return training_data.transfer_texts(choice, pairs, nli, raw, log)
     except (training_data.TextChoiceError, DomainTextError) as exc:
         fail(str(exc))
 

@@ -7,8 +7,8 @@ ConSERT's three settings are one stage run from three inits (dvc.yaml ``foreach`
                               [--domain-dev PAIRS.tsv] [--objective contrastive|tsdae|distill] [--preset promptbert]
 
 The text is ``transfer.texts`` (``--texts``): ``heldout`` (default: the seven STS test sets' sentences without
-any sentence token-identical to an STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus),
-``inductive`` (no sentence token-identical to a dev or test sentence; ``sentcl.data.texts``), or a ``*.txt`` file (one
+any STS-B dev or SICK-R trial sentence), ``consert`` (ConSERT's corpus), ``inductive`` (no dev or test sentence;
+"the same sentence" by ``sentcl.data.roles``, ``sentcl.data.texts``), or a ``*.txt`` file (one
 sentence a line) or a folder of them. Each init has its own recipe (``transfer.base``, ``transfer.nli``,
 ``transfer.joint`` in params.yaml: views, their rates and encoder dropout, as ConSERT's three scripts differ); a
 model folder uses ``--recipe`` (default ``base``).

@@ -1,93 +1,79 @@
-"""The transfer stage's built-in target texts, disjoint from the sentences used to select and to score a model,
-as the model sees them: by the tokenizer's ids, not by string.
+"""The transfer stage's built-in target texts, kept apart from the sentences that select and score a model by
+the project's one rule of "same sentence" (``sentcl.data.roles.normalise``: case, accents, punctuation and spaces
+ignored).
 
-Two sentences that differ only in case, spacing or the spacing of punctuation ("the queen 's will ." and "the
-queen's will.") are one input to an uncased WordPiece model. Dropping only exact string repeats would leave such
-a sentence in the training text while its twin selects (STS-B dev) or scores (a test set) the checkpoint. Here a
-training sentence is dropped when its token ids, cut at the length the model reads, equal those of any excluded
-sentence: the relation "the model cannot tell them apart", whatever the tokenizer normalises.
+Two sentences that differ only in case, spacing or punctuation ("the queen 's will ." and "The queen's will") are
+one sentence to the rule, and nearly one input to an uncased model. Dropping only exact string repeats would leave
+such a sentence in the training text while its twin selects (STS-B dev) or scores (a test set) the checkpoint.
+The text also holds each sentence once: of several twins inside it, the first in sorted order stays (a twin
+would otherwise be a sentence's own nearest neighbour, and a step spent on one sentence twice).
 
-``heldout``: the seven STS test sets' unique sentences, without any sentence token-identical to a sentence of a
-dev split: STS-B dev (checkpoint selection) and SICK-R trial (the promotion gate's guard; SICK reuses sentences
-across its splits, so 698 of its 924 unique trial sentences are SICK test sentences). Selection is then
-independent of training; the test sets are the target text, as in ConSERT's protocol. ``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence
-token-identical to a sentence of any dev or test split (no evaluated sentence is trained on).
+``heldout``: the seven STS test sets' unique sentences, without any sentence that is a sentence of a dev split:
+STS-B dev (checkpoint selection) and SICK-R trial (the promotion gate's guard; SICK reuses sentences across its
+splits). Selection is then independent of training; the test sets are the target text, as in ConSERT's protocol.
+``inductive``: STS-B train, SICK train and the NLI sentences, without any sentence of any dev or test split (no
+evaluated sentence is trained on).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from sentcl.data.roles import normalise, sentence_keys
 from sentcl.data.senteval import TASKS
-
-BATCH = 4096  # sentences per call of a fast tokenizer (it parallelises inside a call)
 
 
 @dataclass(frozen=True)
 class Selection:
-    """The training sentences kept, and how many candidates were dropped as token-identical to an excluded one."""
+    """The training sentences kept, and how many candidates were dropped as a sentence of an excluded text or as a
+    twin of a kept one."""
 
     texts: list[str]
-    candidates: int  # unique candidate sentences, before the token comparison
-    dropped: int  # of those, token-identical to an excluded sentence
+    candidates: int  # unique candidate strings
+    dropped: int  # of those, the same sentence as an excluded one
+    twins: int = 0  # of those, the same sentence as a kept one (its twin stays)
 
 
-def token_keys(sentences: Sequence[str], tokenizer: Any, max_length: int) -> list[tuple[int, ...]]:
-    """Each sentence's token ids as the model reads it: without special tokens, cut where the tokenizer cuts at
-    ``max_length`` tokens with them (``Encoder.tokenize``: truncation at ``model.max_length``, [CLS] and [SEP]
-    included). Batched through the (fast) tokenizer."""
-    room = max_length - tokenizer.num_special_tokens_to_add(pair=False)
-    if room < 1:
-        raise ValueError(f"max_length {max_length} leaves no room for a sentence's tokens")
-    keys: list[tuple[int, ...]] = []
-    for start in range(0, len(sentences), BATCH):
-        batch = list(sentences[start : start + BATCH])
-        ids = tokenizer(batch, add_special_tokens=False, truncation=True, max_length=room, verbose=False)[
-            "input_ids"
-        ]
-        keys.extend(tuple(row) for row in ids)
-    return keys
-
-
-def drop_token_identical(
-    candidates: Iterable[str], excluded: Iterable[str], tokenizer: Any, max_length: int
-) -> Selection:
-    """The unique ``candidates`` (sorted: a stable order) whose token ids (:func:`token_keys`) equal those of no
-    ``excluded`` sentence."""
+def drop_same_sentences(candidates: Iterable[str], excluded: Iterable[str]) -> Selection:
+    """The unique ``candidates`` (sorted: a stable order), one per sentence (``normalise`` key), none the same
+    sentence as an ``excluded`` one."""
     unique = sorted(set(candidates))
-    banned = set(token_keys(sorted(set(excluded)), tokenizer, max_length))
-    kept = [
-        s
-        for s, key in zip(unique, token_keys(unique, tokenizer, max_length), strict=True)
-        if key not in banned
-    ]
-    return Selection(kept, len(unique), len(unique) - len(kept))
+    banned = sentence_keys(excluded)
+    kept: dict[str, str] = {}
+    dropped = 0
+    for sentence in unique:
+        key = normalise(sentence)
+        if key in banned:
+            dropped += 1
+        else:
+            kept.setdefault(key, sentence)
+    return Selection(list(kept.values()), len(unique), dropped, len(unique) - dropped - len(kept))
 
 
-def heldout_texts(
-    test_sentences: Iterable[str], dev_sentences: Iterable[str], tokenizer: Any, max_length: int
-) -> Selection:
-    """``transfer.texts: heldout``: the test sets' sentences, none token-identical to a dev-split sentence."""
-    return drop_token_identical(test_sentences, dev_sentences, tokenizer, max_length)
+def heldout_texts(test_sentences: Iterable[str], dev_sentences: Iterable[str]) -> Selection:
+    """``transfer.texts: heldout``: the test sets' sentences, none the same sentence as a dev-split one."""
+    return drop_same_sentences(test_sentences, dev_sentences)
 
 
-def inductive_texts(
-    train_sentences: Iterable[str], evaluated_sentences: Iterable[str], tokenizer: Any, max_length: int
-) -> Selection:
-    """``transfer.texts: inductive``: training-split sentences, none token-identical to a dev or test sentence."""
-    return drop_token_identical(train_sentences, evaluated_sentences, tokenizer, max_length)
+def inductive_texts(train_sentences: Iterable[str], evaluated_sentences: Iterable[str]) -> Selection:
+    """``transfer.texts: inductive``: training-split sentences, none the same sentence as a dev or test one."""
+    return drop_same_sentences(train_sentences, evaluated_sentences)
 
 
 def pairs_within(candidates: Iterable[tuple[str, str]], texts: Iterable[str]) -> list[tuple[str, str]]:
-    """The unique unlabeled pairs of ``candidates`` whose two sides are both training sentences (``texts``),
-    sorted (a stable order): a pair with a side dropped as token-identical to an evaluated sentence is dropped
-    with it. Scores are never read: the pairing itself is the signal (the teacher labels it)."""
-    kept = set(texts)
-    return sorted({(a, b) for a, b in candidates if a in kept and b in kept and a != b})
-
-
+    """The unique unlabeled pairs of ``candidates`` whose two sides are both training sentences (``texts``, by
+    the ``normalise`` rule: a side is replaced by its twin in the text), sorted (a stable order): a pair with a
+    side dropped as an evaluated sentence is dropped with it. Scores are never read: the pairing itself is the
+    signal (the teacher labels it)."""
+    kept = {normalise(s): s for s in texts}
+    found = set()
+    for a, b in candidates:
+        ka, kb = normalise(a), normalise(b)
+        if ka in kept and kb in kept and ka != kb:
+            found.add((kept[ka], kept[kb]))
+    return sorted(found)
 
 
 def text_pairs(choice: str, pairs: Any, nli: Any, texts: Iterable[str]) -> list[tuple[str, str]]:

@@ -1,5 +1,7 @@
 """The seven-task STS benchmark (STS12-16, STS-B test, SICK-R test) with both reporting protocols, and the two
 dev splits beside it (STS-B dev and SICK-R trial: what selection and the promotion gate read; never the tests).
+The dev splits are the selection role of ``sentcl.data.roles``: STS-B dev as published (its test pairs are the
+declared convention), SICK-R trial less its pairs that are test pairs.
 
 "all" concatenates every subset of a task and computes one Spearman (the SimCSE/ConSERT protocol, also what
 MTEB reports); "mean" averages the per-subset Spearman (SentEval's default). Scores are Spearman x 100 of the
@@ -18,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sentcl.data.roles import pair_key, pair_keys
 from sentcl.data.senteval import (
     STS_TASKS,
     TASKS,
@@ -61,7 +64,7 @@ class Benchmark:
     subsets: tuple[Subset, ...]
     dev: Subset | None = None  # STS-B dev, reported beside the benchmark, never part of it
     skipped_pairs: int = 0
-    sick_dev: Subset | None = None  # SICK-R trial (SICK_trial.txt, 500 pairs), likewise beside it
+    sick_dev: Subset | None = None  # SICK-R trial (SICK_trial.txt less its test pairs), likewise beside it
     # Further scored sets encoded with it (the unseen-STS pairs: ``sentcl.evaluation.seen``); scored by the
     # caller from the cosines ``evaluate(keep_cosines=True)`` returns, never part of the benchmark's tables.
     extra: tuple[Subset, ...] = ()
@@ -85,25 +88,25 @@ class Benchmark:
 
 def load_benchmark(root: Path | str, tasks: Sequence[str] = TASKS, with_dev: bool = True) -> Benchmark:
     """Read the benchmark from a folder in SentEval layout (``STS/...``, ``SICK/...``) with the project's readers;
-    ``with_dev``: STS-B dev and SICK-R trial too (scored as ``stsb_dev`` and ``sick_dev``)."""
+    ``with_dev``: STS-B dev and SICK-R trial too (scored as ``stsb_dev`` and ``sick_dev``; SICK-R trial without
+    its pairs that are a test pair of any of the seven tasks, whichever ``tasks`` are scored)."""
     root = Path(root)
     subsets, skipped = [], 0
     for task, subset, folder in iter_sts_tasks(root):
-        if task in tasks:
-            pairs, unscored = read_sts_subset(folder, task, subset)
-            subsets.append(Subset.from_pairs(task, subset, pairs))
-            skipped += unscored
-    if "STSb" in tasks:
-        subsets.append(Subset.from_pairs("STSb", "test", read_stsb(root / "STS" / "STSBenchmark", "test")))
-    if "SICK-R" in tasks:
-        subsets.append(Subset.from_pairs("SICK-R", "test", read_sick(root / "SICK", "test")))
-    dev = (
-        Subset.from_pairs("STSb", "dev", read_stsb(root / "STS" / "STSBenchmark", "dev"))
-        if with_dev
-        else None
-    )
-    sick_dev = Subset.from_pairs("SICK-R", "trial", read_sick(root / "SICK", "dev")) if with_dev else None
-    return Benchmark(tuple(subsets), dev, skipped, sick_dev)
+        pairs, unscored = read_sts_subset(folder, task, subset)
+        subsets.append(Subset.from_pairs(task, subset, pairs))
+        skipped += unscored if task in tasks else 0
+    subsets.append(Subset.from_pairs("STSb", "test", read_stsb(root / "STS" / "STSBenchmark", "test")))
+    subsets.append(Subset.from_pairs("SICK-R", "test", read_sick(root / "SICK", "test")))
+    dev = sick_dev = None
+    if with_dev:
+        dev = Subset.from_pairs("STSb", "dev", read_stsb(root / "STS" / "STSBenchmark", "dev"))
+        tests = pair_keys(p for s in subsets for p in zip(s.sentences1, s.sentences2, strict=True))
+        trial = [
+            p for p in read_sick(root / "SICK", "dev") if pair_key(p.sentence1, p.sentence2) not in tests
+        ]
+        sick_dev = Subset.from_pairs("SICK-R", "trial", trial)
+    return Benchmark(tuple(s for s in subsets if s.task in tasks), dev, skipped, sick_dev)
 
 
 def protocol_scores(subsets: Sequence[Subset], similarities: Sequence[np.ndarray]) -> dict:

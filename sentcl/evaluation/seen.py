@@ -6,21 +6,20 @@ or ``mixed``, and each task's Spearman is reported per split with its pair count
 subsets concatenated). A gain on ``seen`` pairs is transductive (the model trained on those very sentences);
 only ``unseen`` says what it learned that carries to new sentences.
 
-Matching is by a *key* per sentence: the sentence as the validate stage's tables hold it (stripped of outer
-whitespace, ``exact_keys``), or, as the evaluate stage does it, its token ids under the models' tokenizer cut at
-``model.max_length`` (``token_matcher``: the relation ``sentcl.data.texts`` keeps training text apart from the
-dev splits with, so a test sentence that differs from a trained one only in case or spacing counts as seen).
+Sentences match by the project's one rule of "same sentence" (``sentcl.data.roles.normalise``: case, accents,
+punctuation and spaces ignored), the rule the training text is kept apart from the dev splits by: a test sentence
+that differs from a trained one only in case, spacing or punctuation counts as seen.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from sentcl.data.texts import token_keys
+from sentcl.data.roles import normalise, sentence_keys, unseen_check
 from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.sts import spearman100
 
@@ -29,35 +28,22 @@ MIN_PAIRS = 30  # a split with fewer pairs gets its count, not a score: a Spearm
 # In a checkpoint's seen_split: the base model's averages over the very same seen / unseen / mixed pairs.
 BASE_SAME_PAIRS = "base_same_pairs"
 UNSEEN_STS = "unseen_sts"  # the key of the set of scored pairs no stage trained on, in each row of sts.json
-UNSEEN_SOURCES = ("STSb", "SICK-R")  # the tasks with a train split of scored pairs that no evaluation reads
-
 UNSEEN_DESCRIPTION = (
-    "the STS-B train and SICK-R train pairs (data/processed/pairs.parquet) none of whose two sentences is in a "
-    "test set, STS-B dev, SICK-R trial or any training stage's text; Spearman per source, averaged weighted "
-    "by pairs"
+    "the STS-B train and SICK-R train pairs (data/processed/pairs.parquet) none of whose two sentences is a "
+    "sentence of a test set, STS-B dev, SICK-R trial or any training stage's text (case, accents, punctuation "
+    "and spaces ignored: sentcl.data.roles); Spearman per source, averaged weighted by pairs"
 )
 
-Keys = Callable[[Sequence[str]], list[Hashable]]
+
+def seen_keys(texts: Iterable[str]) -> frozenset[str]:
+    """The keys (``normalise``) of the sentences a checkpoint trained on."""
+    return sentence_keys(texts)
 
 
-def exact_keys(sentences: Sequence[str]) -> list[Hashable]:
-    """The sentence as the validate stage's tables hold it (outer whitespace stripped)."""
-    return [s.strip() for s in sentences]
-
-
-def token_matcher(tokenizer: Any, max_length: int) -> Keys:
-    """Keys by token ids as the model reads the sentence (``sentcl.data.texts.token_keys``)."""
-    return lambda sentences: list(token_keys([s.strip() for s in sentences], tokenizer, max_length))
-
-
-def seen_keys(texts: Iterable[str], keys: Keys = exact_keys) -> frozenset[Hashable]:
-    return frozenset(keys(sorted(set(texts))))
-
-
-def pair_splits(subset: Subset, seen: frozenset[Hashable], keys: Keys = exact_keys) -> np.ndarray:
-    """Each pair's split: ``seen`` (both sentences' keys in ``seen``), ``unseen`` (neither) or ``mixed``."""
-    first = np.array([k in seen for k in keys(subset.sentences1)], dtype=bool)
-    second = np.array([k in seen for k in keys(subset.sentences2)], dtype=bool)
+def pair_splits(subset: Subset, seen: frozenset[str]) -> np.ndarray:
+    """Each pair's split: ``seen`` (both sentences in ``seen``), ``unseen`` (neither) or ``mixed``."""
+    first = np.array([normalise(s) in seen for s in subset.sentences1], dtype=bool)
+    second = np.array([normalise(s) in seen for s in subset.sentences2], dtype=bool)
     both, either = first & second, first | second
     return np.where(both, "seen", np.where(either, "mixed", "unseen"))
 
@@ -70,8 +56,7 @@ def _score(cosines: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
 def split_scores(
     subsets: Sequence[Subset],
     cosines: Sequence[np.ndarray],
-    seen: frozenset[Hashable],
-    keys: Keys = exact_keys,
+    seen: frozenset[str],
 ) -> dict[str, Any]:
     """``{"tasks": {task: {split: {pairs, spearman}}}, "avg": {split: {spearman, tasks, pairs}}}``.
 
@@ -80,7 +65,7 @@ def split_scores(
     split's pairs over all tasks."""
     by_task: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for subset, sim in zip(subsets, cosines, strict=True):
-        labels = pair_splits(subset, seen, keys)
+        labels = pair_splits(subset, seen)
         by_task.setdefault(subset.task, []).append((np.asarray(sim, dtype=np.float64), subset.gold, labels))
     tasks: dict[str, dict[str, Any]] = {}
     for task, parts in by_task.items():
@@ -99,37 +84,22 @@ def split_scores(
     return {"tasks": tasks, "avg": avg}
 
 
-def unseen_sts_subsets(
-    pairs: pd.DataFrame, training_texts: Iterable[str], keys: Keys = exact_keys
-) -> tuple[Subset, ...]:
-    """The scored STS pairs that no stage trained on and no evaluation reads, one subset per source task.
-
-    The rule, on the validate stage's pairs table (``data/processed/pairs.parquet``: columns task, split,
-    sentence1, sentence2, score): a candidate is a row of split ``train`` of a task in ``UNSEEN_SOURCES``
-    (STS-B train, SICK-R train) with a score. It is kept when **neither** of its two sentences has the key
-    (``keys``) of any *excluded* sentence. Excluded: every sentence of every row whose split is not ``train``
-    (the seven test sets, STS-B dev, SICK-R trial: what the benchmark, selection and the gate read) and every
-    sentence in ``training_texts`` (the union of every training stage's seen text). A pair repeated in the
-    table is kept as often as it occurs, as the benchmark keeps repeated test pairs."""
-    evaluated = pairs[pairs.split != "train"]
-    excluded = seen_keys(
-        [*evaluated.sentence1, *evaluated.sentence2, *training_texts],
-        keys,
-    )
-    candidates = pairs[pairs.task.isin(UNSEEN_SOURCES) & (pairs.split == "train") & pairs.score.notna()]
+def unseen_sts_subsets(pairs: pd.DataFrame, training_texts: Iterable[str]) -> tuple[Subset, ...]:
+    """The scored STS pairs that no stage trained on and no evaluation reads, one subset per source task: the
+    unseen-check role of ``sentcl.data.roles.unseen_check`` (STS-B train and SICK-R train pairs neither of whose
+    sentences is a sentence of an evaluated split or of ``training_texts``, the union of every training stage's
+    text), in the table's order."""
+    kept = unseen_check(pairs, training_texts)
     subsets = []
-    for task in UNSEEN_SOURCES:
-        frame = candidates[candidates.task == task]
-        first = np.array([k not in excluded for k in keys(list(frame.sentence1))], dtype=bool)
-        second = np.array([k not in excluded for k in keys(list(frame.sentence2))], dtype=bool)
-        kept = frame[first & second] if len(frame) else frame
+    for task in ("STSb", "SICK-R"):
+        frame = kept[kept.task == task]
         subsets.append(
             Subset(
                 task,
                 "train",
-                tuple(kept.sentence1),
-                tuple(kept.sentence2),
-                kept.score.to_numpy(dtype=np.float64),
+                tuple(frame.sentence1),
+                tuple(frame.sentence2),
+                frame.score.to_numpy(dtype=np.float64),
             )
         )
     return tuple(subsets)

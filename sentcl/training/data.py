@@ -53,27 +53,25 @@ def transfer_texts(
     pairs: pd.DataFrame,
     nli: pd.DataFrame,
     raw: Path,
-    tokenizer: Any,
-    max_length: int,
     log: logging.Logger,
 ) -> list[str]:
-    """``heldout``: the seven test sets' unique sentences without any sentence token-identical to a sentence of a
-    dev split (STS-B dev, which selects checkpoints; SICK-R trial, which the promotion gate reads), so selection
-    is independent of training. ``consert``: ConSERT's corpus (all
-    STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and the NLI sentences, without any
-    sentence token-identical to a sentence of a dev or test split. "Token-identical": the same ids under the
-    model's ``tokenizer`` cut at ``max_length`` (``sentcl.data.texts``). Anything else is a ``.txt`` file or a folder
-    of them (``sentcl.domain.read_domain_text``, whose skipped files are warnings on ``log``).
+    """``heldout``: the seven test sets' unique sentences without any sentence of a dev split (STS-B dev, which
+    selects checkpoints; SICK-R trial, which the promotion gate reads), so selection is independent of training.
+    ``consert``: ConSERT's corpus (all STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and
+    the NLI sentences, without any sentence of a dev or test split. "The same sentence" is the project's one rule
+    (``sentcl.data.roles.normalise``), and each sentence is in the text once (``sentcl.data.texts``). Anything else
+    is a ``.txt`` file or a folder of them (``sentcl.domain.read_domain_text``, whose skipped files are warnings on
+    ``log``).
 
     An unknown choice raises ``TextChoiceError``; a file or folder without usable text, ``DomainTextError``."""
     if choice == "heldout":
         dev = _sentences(pairs[pairs.split == "dev"])
-        selection = heldout_texts(sts_test_sentences(pairs), dev, tokenizer, max_length)
+        selection = heldout_texts(sts_test_sentences(pairs), dev)
     elif choice == "inductive":
         evaluated = _sentences(pairs[pairs.split != "train"])
         train = _sentences(pairs[pairs.task.isin(("STSb", "SICK-R")) & (pairs.split == "train")])
         train |= set(nli.premise) | set(nli.hypothesis)
-        selection = inductive_texts(train, evaluated, tokenizer, max_length)
+        selection = inductive_texts(train, evaluated)
     elif choice == "consert":
         return consert_corpus(raw)
     elif not Path(choice).exists():
@@ -83,11 +81,12 @@ def transfer_texts(
     else:
         return read_domain_text(Path(choice), warn=log.warning).sentences
     log.info(
-        "transfer.texts %s: %d of %d sentences kept, %d dropped as token-identical to an evaluated sentence",
+        "transfer.texts %s: %d of %d sentences kept, %d dropped as an evaluated sentence, %d as a twin of a kept one",
         choice,
         len(selection.texts),
         selection.candidates,
         selection.dropped,
+        selection.twins,
     )
     return selection.texts
 
@@ -131,16 +130,15 @@ def training_text(
     max_texts: int | str | None,
     log: logging.Logger,
 ) -> tuple[list[str], int]:
-    """A transfer run's text: ``transfer_texts`` (token identity by ``init``'s tokenizer, within the model's
-    ``sentence_room``), the few-shot sample of ``max_texts`` (seeded by ``config.seed``), and how many of it the
-    tokenizer cuts."""
+    """A transfer run's text: ``transfer_texts``, the few-shot sample of ``max_texts`` (seeded by
+    ``config.seed``), and how many of it ``init``'s tokenizer cuts (within the model's ``sentence_room``)."""
     from transformers import AutoTokenizer
 
     from sentcl.model.encoder import resolve_model_path
 
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init))
     max_length = sentence_room(tokenizer, config)
-    texts = transfer_texts(choice, pairs, nli, raw, tokenizer, max_length, log)
+    texts = transfer_texts(choice, pairs, nli, raw, log)
     texts = limit_texts(texts, max_texts, config.seed)
     return texts, say_truncated(texts, tokenizer, max_length, config, log)
 

@@ -135,16 +135,11 @@ def sentences_to_encode(
     """The transfer text (``texts``, else ``transfer.texts``; ``transfer.max_texts``), then every benchmark
     sentence (unless not ``benchmark``) and every ``extra`` one (the domain dev pairs') not in it; each once,
     first-seen order."""
-    from transformers import AutoTokenizer
-
     section = params.get("transfer") or {}
     choice = texts or section["texts"]
-    # The student's tokenizer decides which sentences are token-identical to an evaluated one, exactly as the
-    # transfer stage builds its text (distillation reads a vector for every sentence the transfer trains on).
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(params["model"]["name"]))
-    length = params["model"]["max_length"]
+    # Exactly the text the transfer stage builds (distillation reads a vector for every sentence it trains on).
     try:
-        train = transfer_texts(choice, pairs, nli, raw, tokenizer, length, text_log)
+        train = transfer_texts(choice, pairs, nli, raw, text_log)
     except (TextChoiceError, DomainTextError) as exc:
         raise T.TeacherError(str(exc)) from None
     train = limit_texts(train, section.get("max_texts"), params["seed"])

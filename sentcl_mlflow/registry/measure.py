@@ -54,7 +54,7 @@ class DevSets:
 
     @classmethod
     def load(cls, pairs_file: Path | str | None = None, domain_dev: Path | str | None = None) -> DevSets:
-        """From the validate stage's ``pairs.parquet`` (task STSb / SICK-R, split dev) and a domain dev file
+        """From the validate stage's ``pairs.parquet`` (the selection sets of ``sentcl.data.roles``) and a domain dev file
         (``sentence1<TAB>sentence2<TAB>score``, as ``--domain-dev`` reads it). Missing or empty: one line."""
         import pandas as pd
 
@@ -65,13 +65,12 @@ class DevSets:
             raise GateDevSetError(
                 f"{path}: no dev pairs for the gate to score models on; run `dvc repro validate` first"
             )
+        from sentcl.data.roles import selection_sets
+
         table = pd.read_parquet(path, columns=["task", "split", "sentence1", "sentence2", "score"])
-
-        def split(task: str) -> tuple[Pair, ...]:
-            rows = table[(table["task"] == task) & (table["split"] == "dev")]
-            return tuple(zip(rows["sentence1"], rows["sentence2"], rows["score"].astype(float), strict=True))
-
-        stsb = split("STSb")
+        # The selection role (sentcl.data.roles): STS-B dev as published, SICK-R trial less its test pairs.
+        sets = {name: tuple(rows) for name, rows in selection_sets(table).items()}
+        stsb = sets["stsb_dev"]
         if len(stsb) < 3:
             raise GateDevSetError(f"{path}: {len(stsb)} STS-B dev pair(s); the gate needs the dev split")
         domain = None
@@ -80,7 +79,7 @@ class DevSets:
                 domain = tuple(read_flag_pairs(domain_dev))
             except DomainTextError as e:
                 raise GateDevSetError(str(e)) from None
-        return cls(stsb, split("SICK-R"), domain, str(path))
+        return cls(stsb, sets["sick_trial"], domain, str(path))
 
     def describe(self) -> str:
         parts = [f"{len(self.stsb_dev)} STS-B dev", f"{len(self.sick_dev)} SICK-R trial"]

@@ -1,29 +1,53 @@
-"""``benchmarks.tune_distill`` chooses the distillation recipe on tuning data: it must never hand a test pair to the
-comparison, and its "seen" set is the STS-B train pairs whose two sentences were both trained on."""
+"""``benchmarks.tune_distill`` chooses the distillation recipe on the declared selection sets only (never a test
+pair, never a train pair: no tuning set under another name), and its choice rule keeps the cheaper variant unless a
+costlier one wins by more than the seed spread."""
 
 import pandas as pd
+import pytest
 
-from benchmarks.tune_distill import tuning_sets
+from benchmarks.tune_distill import choose, summarise, tuning_sets
 
 
-def test_tuning_sets_hold_dev_splits_and_seen_train_pairs_only():
+def test_tuning_sets_are_the_selection_sets_and_nothing_else():
     rows = [
         ("STSb", "dev", "d1", "d2", 1.0),
         ("SICK-R", "dev", "t1", "t2", 2.0),
-        ("STSb", "train", "a", "b", 3.0),  # both trained: seen
-        ("STSb", "train", "a", "z", 4.0),  # one trained: not seen
-        ("STSb", "train", "y", "z", 5.0),  # neither
-        ("STSb", "test", "a", "b", 0.5),  # a test pair of trained sentences: never read
-        ("SICK-R", "test", "a", "b", 0.7),
-        ("SICK-R", "train", "a", "b", 0.9),  # SICK train is not a tuning set here
+        ("SICK-R", "dev", "A b.", "c d", 2.5),  # the same pair as a SICK-R test pair: left out of selection
+        ("STSb", "train", "a", "b", 3.0),  # a train pair: never a tuning set (most are STS12-16 test pairs)
+        ("STSb", "test", "a", "b", 0.5),
+        ("SICK-R", "test", "C D", "a b", 0.7),
+        ("STS12", "test", "x", "y", 0.7),
     ]
     pairs = pd.DataFrame(rows, columns=["task", "split", "sentence1", "sentence2", "score"])
-    sets = tuning_sets(pairs, trained={"a", "b", "y"})
-    assert sets == {
-        "stsb_dev": [("d1", "d2", 1.0)],
-        "sick_trial": [("t1", "t2", 2.0)],
-        "stsb_train_seen": [("a", "b", 3.0)],
-    }
+    assert tuning_sets(pairs) == {"stsb_dev": [("d1", "d2", 1.0)], "sick_trial": [("t1", "t2", 2.0)]}
+
+
+def _runs(gains: list[tuple[float, float]], cpu: float) -> list[dict]:
+    return [
+        {"seed": 42 + i, "gains": {"stsb_dev": a, "sick_trial": b}, "wall_s": cpu, "cpu_s": cpu}
+        for i, (a, b) in enumerate(gains)
+    ]
+
+
+def test_summary_is_the_mean_sd_and_range_over_seeds():
+    summary = summarise(_runs([(1.0, 0.0), (0.8, 0.4), (0.6, 0.2)], 100.0))
+    # selection gains (mean of the two sets): 0.5, 0.6, 0.4
+    assert summary["selection_gain"]["mean"] == pytest.approx(0.5)
+    assert summary["selection_gain"]["sd"] == pytest.approx(0.1)
+    assert summary["spread"] == pytest.approx(0.2)
+    assert summary["gains"]["stsb_dev"]["mean"] == pytest.approx(0.8)
+    assert summary["cpu_s"] == 100.0 and summary["seeds"] == [42, 43, 44]
+
+
+def test_a_costlier_variant_must_win_by_more_than_the_seed_spread():
+    cheap = summarise(_runs([(0.8, 0.2), (0.9, 0.3), (0.7, 0.1)], 600.0))  # 0.5, 0.6, 0.4: spread 0.2
+    narrow = summarise(_runs([(1.0, 0.4), (1.1, 0.4), (1.0, 0.3)], 1200.0))  # 0.7, 0.75, 0.65: +0.2, spread 0.1
+    clear = summarise(_runs([(1.4, 0.6), (1.5, 0.5), (1.4, 0.5)], 2400.0))  # 1.0, 1.0, 0.95: +0.5 over cheap
+    best, lines = choose({"long": narrow, "short": cheap})
+    assert best == "short" and lines == ["long does not replace short: +0.20 against a seed spread of 0.20"]
+    best, lines = choose({"short": cheap, "long": narrow, "longer": clear})
+    assert best == "longer"
+    assert lines[-1].startswith("longer replaces short: +0.48")
 
 
 def test_interpolated_weights_are_the_init_plus_a_times_the_change(tmp_path):
