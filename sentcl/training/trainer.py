@@ -21,15 +21,11 @@ hooks).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +41,7 @@ from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
 from sentcl.training.optimizer import BertAdamW, consert_param_groups, consert_schedule
 from sentcl.training.precision import describe_precision, use_bf16
+from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
 from sentcl.training.runtime import (
     BatchOrder,
     _broadcast,
@@ -153,12 +150,10 @@ class Trainer:
         self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
         self.domain_evaluator = STSEvaluator(domain_dev, "domain-dev") if domain_dev else None
         self.domain_dev, self.max_task_drop = list(domain_dev or []), max_task_drop
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress, self.on_row = progress and self.rank == 0, on_row
         self.autocast = use_bf16(config.bf16, self.device)
         if config.compile:
             self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
-        self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
         self.embed = Embedder(
             self.encoder,
             config.view,
@@ -166,6 +161,23 @@ class Trainer:
             self.device,
             torch.bfloat16 if self.autocast else None,
             config.chunk_tokens,
+        )
+        # The fingerprint digests the init weights: after compiling (in place), before any step.
+        inputs = inputs_digest(self.examples, self.encoder.model) if checkpoint_dir else ""
+        self.resume = ResumeState(
+            checkpoint_dir,
+            fingerprint(config, self.world, inputs, self.domain_dev, max_task_drop) if checkpoint_dir else "",
+            {
+                "model": self.encoder.model,
+                "objective": self.objective,
+                "optimizer": self.optimizer,
+                "scheduler": self.scheduler,
+            },
+            self.queue,
+            self.generator,
+            self.device,
+            self.rank,
+            self.world,
         )
 
     # -- one optimizer step ----------------------------------------------------------------------------------
@@ -290,73 +302,6 @@ class Trainer:
                 scores["domain_dev"] = self.domain_evaluator(encode)
         return _broadcast(scores)
 
-    def _fingerprint(self) -> str:
-        """Config, training data and init weights: a changed input never resumes old weights."""
-        config = asdict(self.cfg)
-        config.pop("device")
-        # Selection on another domain dev set (or another guard) restarts too.
-        selection = [self.domain_dev, self.max_task_drop] if self.domain_dev else []
-        payload = json.dumps(
-            [config, self.world, self._inputs_digest, *selection], sort_keys=True, default=str
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-    def _digest_inputs(self) -> str:
-        digest = hashlib.sha256(json.dumps(self.examples, default=str).encode())
-        for name, tensor in sorted(self.encoder.model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return digest.hexdigest()
-
-    def _state_path(self) -> Path | None:
-        return self.checkpoint_dir / "state.pt" if self.checkpoint_dir else None
-
-    def save_state(self, state: dict[str, Any]) -> None:
-        rngs = [_rng_state(self.generator)]
-        if self.world > 1:
-            rngs = [None] * self.world
-            torch.distributed.all_gather_object(rngs, _rng_state(self.generator))
-        if self.rank != 0 or self._state_path() is None:
-            return
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        payload = {
-            **state,
-            "fingerprint": self._fingerprint(),
-            "model": self.encoder.model.state_dict(),
-            "objective": self.objective.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "momentum_model": self.queue.model.state_dict() if self.queue else None,
-            "queue": self.queue.negatives.cpu() if self.queue else None,
-            "rng": rngs,
-        }
-        tmp = self._state_path().with_suffix(".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self._state_path())  # a kill mid-write leaves the previous state intact
-
-    def load_state(self) -> dict[str, Any] | None:
-        path = self._state_path()
-        if path is None or not path.is_file():
-            return None
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a torn or foreign file: say which folder to delete
-            raise RuntimeError(
-                f"{path}: unreadable resume state ({type(exc).__name__}); delete {self.checkpoint_dir} to start afresh"
-            ) from None
-        if payload.get("fingerprint") != self._fingerprint():
-            log.warning("%s belongs to another config or data set: starting afresh", path)
-            return None
-        self.encoder.model.load_state_dict(payload["model"])
-        self.objective.load_state_dict(payload["objective"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if self.queue is not None:
-            self.queue.model.load_state_dict(payload["momentum_model"])
-            self.queue.negatives = payload["queue"].to(self.device)
-        _set_rng_state(payload["rng"][self.rank], self.generator)
-        return payload
-
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.encoder.model.state_dict().items()}
 
@@ -366,7 +311,7 @@ class Trainer:
         cfg = self.cfg
         started = time.perf_counter()
         log.info("precision: %s", describe_precision(cfg.bf16, self.device))
-        resumed = self.load_state()
+        resumed = self.resume.load()
         if resumed:
             step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]
             init, best, best_step, bad = (
@@ -413,7 +358,7 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.4f}", best=f"{best.get('domain_dev', best['stsb_dev']):.2f}")
             save_every = cfg.save_steps or cfg.eval_steps
             if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
-                self.save_state(
+                self.resume.save(
                     {
                         "step": step,
                         "rows": rows,
@@ -467,10 +412,7 @@ class Trainer:
 
     def finish(self) -> None:
         """Remove the resume state once the output is safely written."""
-        if self.rank == 0 and self.checkpoint_dir and self.checkpoint_dir.exists():
-            import shutil
-
-            shutil.rmtree(self.checkpoint_dir)
+        self.resume.remove()
 
 
 def _describe(scores: dict[str, float]) -> str:
