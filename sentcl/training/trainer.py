@@ -36,6 +36,7 @@ from tqdm.auto import tqdm
 from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model.encoder import Encoder
 from sentcl.training.config import TrainConfig
+from sentcl.training.distributed import all_reduce_gradients, broadcast, mean_over_ranks, rank_share
 from sentcl.training.objectives.base import Embedder, Objective
 from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
@@ -44,7 +45,6 @@ from sentcl.training.precision import describe_precision, use_bf16
 from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
 from sentcl.training.runtime import (
     BatchOrder,
-    _broadcast,
     _rng_state,
     _set_rng_state,
     dist_info,
@@ -197,11 +197,7 @@ class Trainer:
         self.objective.train()
 
     def _global_loss(self, loss: torch.Tensor, step: int) -> float:
-        value = loss.detach().float()
-        if self.world > 1:
-            torch.distributed.all_reduce(value)
-            value /= self.world
-        value = float(value)
+        value = mean_over_ranks(loss, self.world)
         if not math.isfinite(value):
             raise FloatingPointError(
                 f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
@@ -222,7 +218,7 @@ class Trainer:
         else:
             value = self._cached_gradient_step(micro, step)
         if self.world > 1:
-            self._all_reduce_gradients()
+            all_reduce_gradients(self.params, self.world)
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
         if self.init_weights:  # before the update, as torch's AdamW applies its own decay
@@ -277,16 +273,6 @@ class Trainer:
     def _rows_per_item(reps: dict[str, torch.Tensor], size: int) -> dict[str, int]:
         return {k: v.shape[0] // size for k, v in reps.items() if v.is_floating_point()}
 
-    def _all_reduce_gradients(self) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.flatten() for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
-            offset += g.numel()
-
     # -- evaluation and checkpoints ----------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
@@ -300,7 +286,7 @@ class Trainer:
             scores = {"stsb_dev": self.evaluator(encode)}
             if self.domain_evaluator is not None:
                 scores["domain_dev"] = self.domain_evaluator(encode)
-        return _broadcast(scores)
+        return broadcast(scores)
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.encoder.model.state_dict().items()}
@@ -393,9 +379,7 @@ class Trainer:
         return self.cfg.patience is not None and bad >= self.cfg.patience
 
     def _rank_items(self, indices: list[int]) -> list[Any]:
-        share = len(indices) // self.world
-        mine = indices[self.rank * share : (self.rank + 1) * share]
-        return [self.examples[i] for i in mine]
+        return [self.examples[i] for i in rank_share(indices, self.rank, self.world)]
 
     def _emit(self, row: dict[str, Any]) -> None:
         if self.on_row and self.rank == 0:
