@@ -40,7 +40,7 @@ from sentcl.training.distributed import all_reduce_gradients, broadcast, mean_ov
 from sentcl.training.objectives.base import Embedder, Objective
 from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
-from sentcl.training.optimizer import BertAdamW, consert_param_groups, consert_schedule
+from sentcl.training.optimizer import InitDecay, build_optimizer
 from sentcl.training.precision import describe_precision, use_bf16
 from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
 from sentcl.training.runtime import (
@@ -103,43 +103,9 @@ class Trainer:
         saved = config.saved_pooling()
         self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
         self.objective: Objective = build_objective(config, encoder.dim, encoder, teacher).to(self.device)
-        heads = [
-            p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
-        ]
-        head_ids = {id(p) for p in heads}
-        # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
-        owned = head_ids | {id(p) for p in self.encoder.parameters()}
-        body = [p for p in self.objective.parameters() if id(p) not in owned]
-        groups = [
-            {"params": [p for p in self.encoder.parameters() if p.requires_grad] + body, "lr": config.lr}
-        ]
-        if heads:
-            groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
-        self.params = [p for group in groups for p in group["params"]]
-        # L2-SP (Li et al. 2018, "Explicit inductive bias for transfer learning"), decoupled as AdamW decays:
-        # the encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
-        self.init_weights = (
-            [(p, p.detach().clone()) for p in self.encoder.parameters() if p.requires_grad]
-            if config.init_decay
-            else []
-        )
-        if config.optimizer == "consert":
-            names = {
-                id(p): n for n, p in [*self.encoder.named_parameters(), *self.objective.named_parameters()]
-            }
-            groups = consert_param_groups(groups, names, config.weight_decay)
-            self.optimizer = BertAdamW(groups, lr=config.lr)
-            schedule = consert_schedule(config.steps, config.warmup_ratio)
-        else:
-            self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-            warmup = int(config.warmup_ratio * config.steps)
-
-            def schedule(step: int) -> float:
-                if step < warmup:
-                    return (step + 1) / (warmup + 1)
-                return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.optimizer, self.scheduler, self.params = build_optimizer(config, self.encoder, self.objective)
+        # The encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
+        self.init_decay = InitDecay(self.encoder, config.init_decay)
         self.queue = None
         if config.queue_size and config.mode != "nli":
             self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum)
@@ -221,11 +187,7 @@ class Trainer:
             all_reduce_gradients(self.params, self.world)
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        if self.init_weights:  # before the update, as torch's AdamW applies its own decay
-            with torch.no_grad():
-                pull = self.optimizer.param_groups[0]["lr"] * self.cfg.init_decay
-                for weight, start in self.init_weights:
-                    weight.sub_(weight - start, alpha=pull)
+        self.init_decay.pull(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
