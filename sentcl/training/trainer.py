@@ -37,6 +37,7 @@ from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model.encoder import Encoder
 from sentcl.training.config import TrainConfig
 from sentcl.training.distributed import all_reduce_gradients, broadcast, mean_over_ranks, rank_share
+from sentcl.training.gradcache import CachedLoss, ObjectiveLoss
 from sentcl.training.objectives.base import Embedder, Objective
 from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
@@ -45,8 +46,6 @@ from sentcl.training.precision import describe_precision, use_bf16
 from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
 from sentcl.training.runtime import (
     BatchOrder,
-    _rng_state,
-    _set_rng_state,
     dist_info,
     select_device,
 )
@@ -128,6 +127,10 @@ class Trainer:
             torch.bfloat16 if self.autocast else None,
             config.chunk_tokens,
         )
+        # The step's loss: the objective's on the whole batch, or GradCache's wrapper of it (grad_accum > 1).
+        self.criterion: ObjectiveLoss | CachedLoss = ObjectiveLoss(self.objective, self.embed)
+        if config.grad_accum > 1:
+            self.criterion = CachedLoss(self.criterion, config.grad_accum)
         # The fingerprint digests the init weights: after compiling (in place), before any step.
         inputs = inputs_digest(self.examples, self.encoder.model) if checkpoint_dir else ""
         self.resume = ResumeState(
@@ -176,13 +179,9 @@ class Trainer:
         if self.queue is not None:
             queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
             queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
-        micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
-        if len(micro) == 1:
-            loss = self.loss(self.representations(micro[0]))
-            value = self._global_loss(loss, step)
-            loss.backward()
-        else:
-            value = self._cached_gradient_step(micro, step)
+        loss = self.criterion(items, self.queue.negatives if self.queue is not None else None)
+        value = self._global_loss(loss, step)
+        loss.backward()  # with grad_accum > 1, GradCache's second pass over the micro-batches
         if self.world > 1:
             all_reduce_gradients(self.params, self.world)
         if self.cfg.max_grad_norm:
@@ -199,41 +198,6 @@ class Trainer:
         if self.objective.examples == "sentences":
             return list(items)
         return [premise for premise, *_ in items] + [item[1] for item in items]
-
-    def _cached_gradient_step(self, micro: list[Sequence[Any]], step: int) -> float:
-        states, cached = [], []
-        with torch.no_grad():
-            for part in micro:
-                states.append(_rng_state(self.generator))
-                cached.append(self.representations(part))
-        end_state = _rng_state(self.generator)
-        leaves = {
-            key: torch.cat([c[key].detach() for c in cached]).requires_grad_(
-                cached[0][key].is_floating_point()
-            )
-            for key in cached[0]
-        }
-        loss = self.loss(leaves)
-        value = self._global_loss(loss, step)
-        loss.backward()
-        offset = 0
-        for part, state in zip(micro, states, strict=True):
-            _set_rng_state(state, self.generator)
-            reps = self.representations(part)
-            size = len(part)
-            pairs = [
-                (reps[k], leaves[k].grad[offset * m : (offset + size) * m])
-                for k, m in self._rows_per_item(reps, size).items()
-                if leaves[k].grad is not None
-            ]
-            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
-            offset += size
-        _set_rng_state(end_state, self.generator)
-        return value
-
-    @staticmethod
-    def _rows_per_item(reps: dict[str, torch.Tensor], size: int) -> dict[str, int]:
-        return {k: v.shape[0] // size for k, v in reps.items() if v.is_floating_point()}
 
     # -- evaluation and checkpoints ----------------------------------------------------------------------------
 
