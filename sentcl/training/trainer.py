@@ -1,22 +1,12 @@
 """One training loop for the three ConSERT modes: ``nli`` (supervised), ``joint`` (CE + alpha * NT-Xent) and
-``transfer`` (unsupervised contrastive on target-domain text).
+``transfer`` (unsupervised: contrastive on target-domain text, or the tsdae, distill or promptbert objective).
 
-Read top to bottom: setup, the representations of a micro-batch, the loss, one optimizer step (with gradient
-caching when accumulating), evaluation and checkpoint selection, resume state, the loop. The config is
-``sentcl.training.config``, checkpoint selection ``sentcl.training.selection``, the batch order, device and random
-state ``sentcl.training.runtime``, ConSERT's optimizer ``sentcl.training.optimizer``.
-
-Gradient accumulation (``grad_accum > 1``) never shrinks the set of negatives: a step first embeds all
-micro-batches without gradient, computes the loss over the whole batch, and then re-runs each micro-batch with
-gradient, feeding it its slice of the embedding gradient (GradCache, Gao et al. 2021). The random state of each
-micro-batch is replayed, so the views and dropout masks are the same in both passes and the update equals the
-one of a single large batch; the price is one extra forward pass per micro-batch. Activation memory is that of
-one micro-batch; the similarity matrix is still batch x batch.
-
-Under ``torchrun`` the global ``batch_size`` is split over the ranks; contrastive losses all-gather the
-embeddings (see ``sentcl.training.losses``) and gradients are averaged with one all-reduce per step (what DDP does;
-done by hand because the cached-gradient passes and unused parameters such as BERT's pooler do not fit DDP's
-hooks).
+Read top to bottom: setup, one optimizer step, evaluation, the loop with checkpoint selection. Each piece it calls
+has a module of its own: the config ``sentcl.training.config``; the objective (representations and loss)
+``sentcl.training.objectives``; the step's loss, wrapped by GradCache when accumulating, ``sentcl.training.gradcache``;
+the optimizer and L2-SP ``sentcl.training.optimizer``; the ranks under ``torchrun`` ``sentcl.training.distributed``;
+resume state ``sentcl.training.resume``; checkpoint selection ``sentcl.training.selection``; the device, batch order
+and random state ``sentcl.training.runtime``.
 """
 
 from __future__ import annotations
@@ -26,6 +16,7 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,16 +35,12 @@ from sentcl.training.objectives.factory import build_objective
 from sentcl.training.optimizer import InitDecay, build_optimizer
 from sentcl.training.precision import describe_precision, use_bf16
 from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
-from sentcl.training.runtime import (
-    BatchOrder,
-    dist_info,
-    select_device,
-)
+from sentcl.training.runtime import BatchOrder, dist_info, select_device
 from sentcl.training.selection import TrainResult, selectable
 
 log = logging.getLogger(__name__)
-
-# --- the trainer ----------------------------------------------------------------------------------------
+# The loop's progress that resume state carries (with the weights, optimizer and random state).
+PROGRESS = ("step", "rows", "elapsed", "init_scores", "best_scores", "best_step", "bad", "best_state")
 
 
 class Trainer:
@@ -105,9 +92,8 @@ class Trainer:
         self.optimizer, self.scheduler, self.params = build_optimizer(config, self.encoder, self.objective)
         # The encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
         self.init_decay = InitDecay(self.encoder, config.init_decay)
-        self.queue = None
-        if config.queue_size and config.mode != "nli":
-            self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum)
+        queue = config.queue_size and config.mode != "nli"  # ESimCSE's extra negatives
+        self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum) if queue else None
 
         self.order = BatchOrder(len(self.examples), config.batch_size, config.seed)
         if self.order.batch_size < config.batch_size:
@@ -119,13 +105,9 @@ class Trainer:
         self.autocast = use_bf16(config.bf16, self.device)
         if config.compile:
             self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
+        bf16 = torch.bfloat16 if self.autocast else None
         self.embed = Embedder(
-            self.encoder,
-            config.view,
-            self.generator,
-            self.device,
-            torch.bfloat16 if self.autocast else None,
-            config.chunk_tokens,
+            self.encoder, config.view, self.generator, self.device, bf16, config.chunk_tokens
         )
         # The step's loss: the objective's on the whole batch, or GradCache's wrapper of it (grad_accum > 1).
         self.criterion: ObjectiveLoss | CachedLoss = ObjectiveLoss(self.objective, self.embed)
@@ -165,14 +147,6 @@ class Trainer:
         self.encoder.model.train(self.cfg.encoder_dropout)
         self.objective.train()
 
-    def _global_loss(self, loss: torch.Tensor, step: int) -> float:
-        value = mean_over_ranks(loss, self.world)
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
-            )
-        return value
-
     def train_step(self, items: Sequence[Any], step: int) -> float:
         self._set_dropout()
         queued = None
@@ -180,7 +154,11 @@ class Trainer:
             queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
             queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
         loss = self.criterion(items, self.queue.negatives if self.queue is not None else None)
-        value = self._global_loss(loss, step)
+        value = mean_over_ranks(loss, self.world)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
+            )
         loss.backward()  # with grad_accum > 1, GradCache's second pass over the micro-batches
         if self.world > 1:
             all_reduce_gradients(self.params, self.world)
@@ -205,10 +183,7 @@ class Trainer:
         """STS-B dev, and the domain dev set when there is one (Spearman x 100 by name)."""
         scores = None
         if self.rank == 0:
-
-            def encode(sentences: Sequence[str]) -> np.ndarray:
-                return self.encoder.encode(sentences, batch_size=128)  # the pooling it is saved with
-
+            encode = partial(self.encoder.encode, batch_size=128)  # the pooling it is saved with
             scores = {"stsb_dev": self.evaluator(encode)}
             if self.domain_evaluator is not None:
                 scores["domain_dev"] = self.domain_evaluator(encode)
@@ -225,11 +200,7 @@ class Trainer:
         log.info("precision: %s", describe_precision(cfg.bf16, self.device))
         resumed = self.resume.load()
         if resumed:
-            step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]
-            init, best, best_step, bad = (
-                resumed[k] for k in ("init_scores", "best_scores", "best_step", "bad")
-            )
-            best_state = resumed["best_state"]
+            step, rows, elapsed, init, best, best_step, bad, best_state = (resumed[k] for k in PROGRESS)
             log.info("resuming from step %d (best %s at step %d)", step, _describe(best), best_step)
         else:
             step, elapsed, bad = 0, 0.0, 0
@@ -270,20 +241,10 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.4f}", best=f"{best.get('domain_dev', best['stsb_dev']):.2f}")
             save_every = cfg.save_steps or cfg.eval_steps
             if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
-                self.resume.save(
-                    {
-                        "step": step,
-                        "rows": rows,
-                        "elapsed": elapsed + time.perf_counter() - started,
-                        "init_scores": init,
-                        "best_scores": best,
-                        "best_step": best_step,
-                        "bad": bad,
-                        "best_state": best_state,
-                    }
-                )
+                seconds = elapsed + time.perf_counter() - started
+                progress = (step, rows, seconds, init, best, best_step, bad, best_state)
+                self.resume.save(dict(zip(PROGRESS, progress, strict=True)))
         bar.close()
-        stopped = self._out_of_patience(bad)
         self.last_state = self._snapshot()  # the weights before selection, for inspection and tests
         self.encoder.model.load_state_dict(best_state)
         if best_step == 0:
@@ -294,7 +255,7 @@ class Trainer:
             best_step,
             step,
             elapsed + time.perf_counter() - started,
-            stopped,
+            self._out_of_patience(bad),
             rows,
             init.get("domain_dev"),
             best.get("domain_dev"),
@@ -328,15 +289,3 @@ class Trainer:
 def _describe(scores: dict[str, float]) -> str:
     names = {"stsb_dev": "STS-B dev", "domain_dev": "domain dev"}
     return ", ".join(f"{names[k]} {v:.2f}" for k, v in scores.items())
-
-
-def train(
-    encoder: Encoder,
-    config: TrainConfig,
-    examples: Sequence[Any],
-    dev_pairs: Sequence[tuple[str, str, float]],
-    checkpoint_dir: Path | str | None = None,
-    progress: bool = True,
-) -> TrainResult:
-    """Train and leave ``encoder`` holding the selected weights; the resume state is kept (see ``Trainer.finish``)."""
-    return Trainer(encoder, config, examples, dev_pairs, checkpoint_dir, progress).fit()
