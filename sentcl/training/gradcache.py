@@ -6,10 +6,13 @@ Gradient accumulation (``train.grad_accum`` > 1) never shrinks the set of negati
 "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup") splits a step's batch into micro-batches:
 
 1. it embeds every micro-batch without gradient, keeping the random state each one starts from;
-2. it computes the objective's loss over the whole batch from those embeddings and back-propagates it to the
-   embeddings only, caching their gradient;
+2. it computes the objective's loss over the whole batch from those embeddings and back-propagates it, which caches
+   the embeddings' gradient (and gives the objective's own parameters, a projection or a classifier, theirs);
 3. ``loss.backward()`` on the loss it returns re-embeds each micro-batch with gradient from its saved random state
    (the same views and dropout masks) and feeds it its slice of the cached gradient (a hook on the loss).
+
+Unlike sentence-transformers' hook, which multiplies the cached gradients by the gradient the loss receives, a
+scaled backward (``(2 * loss).backward()``) is refused: the objective's parameters took theirs unscaled in step 2.
 
 The update equals the one of a single large batch; the price is one extra forward pass per micro-batch. Activation
 memory is that of one micro-batch; the similarity matrix is still batch x batch. The random state replayed is
@@ -44,7 +47,7 @@ class ObjectiveLoss:
 
 class CachedLoss:
     """GradCache around ``loss``: called as the loss it wraps, over ``micro_batches`` interleaved micro-batches
-    (``items[i::micro_batches]``); the gradients reach the parameters when the returned loss is back-propagated."""
+    (``items[i::micro_batches]``); the encoder's gradients arrive when the returned loss is back-propagated."""
 
     def __init__(self, loss: ObjectiveLoss, micro_batches: int) -> None:
         self.loss, self.micro_batches = loss, micro_batches
@@ -79,6 +82,11 @@ class CachedLoss:
         grad_output: torch.Tensor,
     ) -> None:
         """Each micro-batch again, with gradient, from its random state, given its slice of the cached gradient."""
+        if bool(grad_output != 1):
+            raise RuntimeError(
+                f"a cached loss back-propagates as it is (loss.backward()), got a gradient of {float(grad_output)}: "
+                "the objective's own parameters took their gradient unscaled when the loss was computed"
+            )
         generator = self.loss.embed.generator
         offset = 0
         with torch.enable_grad():
@@ -87,7 +95,7 @@ class CachedLoss:
                 reps = self.loss.representations(part)
                 size = len(part)
                 pairs = [
-                    (reps[k], leaves[k].grad[offset * m : (offset + size) * m] * grad_output)
+                    (reps[k], leaves[k].grad[offset * m : (offset + size) * m])
                     for k, m in _rows_per_item(reps, size).items()
                     if leaves[k].grad is not None
                 ]
