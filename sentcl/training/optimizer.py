@@ -1,5 +1,7 @@
-"""ConSERT's optimizer (``train.optimizer: consert``): sentence-transformers 0.3's parameter groups, transformers'
-linear schedule with warm-up, and transformers 3.x ``AdamW`` without bias correction."""
+"""The optimizer a run trains with (``build_optimizer``): torch's AdamW with a linear warm-up and decay
+(``train.optimizer: adamw``) or ConSERT's (``consert``): sentence-transformers 0.3's parameter groups, transformers'
+linear schedule with warm-up, and transformers 3.x ``AdamW`` without bias correction. ``InitDecay``: L2-SP's pull
+toward the init weights."""
 
 from __future__ import annotations
 
@@ -8,6 +10,62 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from torch import nn
+
+from sentcl.training.config import TrainConfig
+
+# --- the optimizer of a run ------------------------------------------------------------------------------
+
+
+def build_optimizer(
+    config: TrainConfig, encoder: nn.Module, objective: nn.Module
+) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list[nn.Parameter]]:
+    """The optimizer, its lr schedule and the parameters it trains: the encoder's and the objective's, the
+    objective's heads (``head_parameters``) at ``head_lr``."""
+    heads = [p for name in objective.head_parameters for p in getattr(objective, name).parameters()]
+    head_ids = {id(p) for p in heads}
+    # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
+    owned = head_ids | {id(p) for p in encoder.parameters()}
+    body = [p for p in objective.parameters() if id(p) not in owned]
+    groups = [{"params": [p for p in encoder.parameters() if p.requires_grad] + body, "lr": config.lr}]
+    if heads:
+        groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
+    params = [p for group in groups for p in group["params"]]
+    if config.optimizer == "consert":
+        names = {id(p): n for n, p in [*encoder.named_parameters(), *objective.named_parameters()]}
+        groups = consert_param_groups(groups, names, config.weight_decay)
+        optimizer = BertAdamW(groups, lr=config.lr)
+        schedule = consert_schedule(config.steps, config.warmup_ratio)
+    else:
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        warmup = int(config.warmup_ratio * config.steps)
+
+        def schedule(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), params
+
+
+class InitDecay:
+    """L2-SP (Li et al. 2018, "Explicit inductive bias for transfer learning"), decoupled as AdamW decays: before
+    each update every trainable weight of ``model`` moves toward its weight at construction by ``lr * strength`` of
+    the gap (``train.init_decay``; 0: off). Built before a resumed run loads its state, so it pulls toward the init.
+    """
+
+    def __init__(self, model: nn.Module, strength: float) -> None:
+        self.strength = strength
+        self.start = (
+            [(p, p.detach().clone()) for p in model.parameters() if p.requires_grad] if strength else []
+        )
+
+    @torch.no_grad()
+    def pull(self, lr: float) -> None:
+        """Call before ``optimizer.step()``, as torch's AdamW applies its own decay before the update."""
+        for weight, start in self.start:
+            weight.sub_(weight - start, alpha=lr * self.strength)
+
 
 # --- ConSERT's optimizer ---------------------------------------------------------------------------------
 

@@ -29,15 +29,6 @@ def select_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def _broadcast(value: Any) -> Any:
-    rank, world = dist_info()
-    if world == 1:
-        return value
-    box = [value if rank == 0 else None]
-    torch.distributed.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 # --- data order -----------------------------------------------------------------------------------------
 
 

@@ -1,35 +1,22 @@
 """One training loop for the three ConSERT modes: ``nli`` (supervised), ``joint`` (CE + alpha * NT-Xent) and
-``transfer`` (unsupervised contrastive on target-domain text).
+``transfer`` (unsupervised: contrastive on target-domain text, or the tsdae, distill or promptbert objective).
 
-Read top to bottom: setup, the representations of a micro-batch, the loss, one optimizer step (with gradient
-caching when accumulating), evaluation and checkpoint selection, resume state, the loop. The config is
-``sentcl.training.config``, checkpoint selection ``sentcl.training.selection``, the batch order, device and random
-state ``sentcl.training.runtime``, ConSERT's optimizer ``sentcl.training.optimizer``.
-
-Gradient accumulation (``grad_accum > 1``) never shrinks the set of negatives: a step first embeds all
-micro-batches without gradient, computes the loss over the whole batch, and then re-runs each micro-batch with
-gradient, feeding it its slice of the embedding gradient (GradCache, Gao et al. 2021). The random state of each
-micro-batch is replayed, so the views and dropout masks are the same in both passes and the update equals the
-one of a single large batch; the price is one extra forward pass per micro-batch. Activation memory is that of
-one micro-batch; the similarity matrix is still batch x batch.
-
-Under ``torchrun`` the global ``batch_size`` is split over the ranks; contrastive losses all-gather the
-embeddings (see ``sentcl.training.losses``) and gradients are averaged with one all-reduce per step (what DDP does;
-done by hand because the cached-gradient passes and unused parameters such as BERT's pooler do not fit DDP's
-hooks).
+Read top to bottom: setup, one optimizer step, evaluation, the loop with checkpoint selection. Each piece it calls
+has a module of its own: the config ``sentcl.training.config``; the objective (representations and loss)
+``sentcl.training.objectives``; the step's loss, wrapped by GradCache when accumulating, ``sentcl.training.gradcache``;
+the optimizer and L2-SP ``sentcl.training.optimizer``; the ranks under ``torchrun`` ``sentcl.training.distributed``;
+resume state ``sentcl.training.resume``; checkpoint selection ``sentcl.training.selection``; the device, batch order
+and random state ``sentcl.training.runtime``.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -40,24 +27,20 @@ from tqdm.auto import tqdm
 from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model.encoder import Encoder
 from sentcl.training.config import TrainConfig
+from sentcl.training.distributed import all_reduce_gradients, broadcast, mean_over_ranks, rank_share
+from sentcl.training.gradcache import CachedLoss, ObjectiveLoss
 from sentcl.training.objectives.base import Embedder, Objective
 from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
-from sentcl.training.optimizer import BertAdamW, consert_param_groups, consert_schedule
+from sentcl.training.optimizer import InitDecay, build_optimizer
 from sentcl.training.precision import describe_precision, use_bf16
-from sentcl.training.runtime import (
-    BatchOrder,
-    _broadcast,
-    _rng_state,
-    _set_rng_state,
-    dist_info,
-    select_device,
-)
+from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
+from sentcl.training.runtime import BatchOrder, dist_info, select_device
 from sentcl.training.selection import TrainResult, selectable
 
 log = logging.getLogger(__name__)
-
-# --- the trainer ----------------------------------------------------------------------------------------
+# The loop's progress that resume state carries (with the weights, optimizer and random state).
+PROGRESS = ("step", "rows", "elapsed", "init_scores", "best_scores", "best_step", "bad", "best_state")
 
 
 class Trainer:
@@ -106,46 +89,11 @@ class Trainer:
         saved = config.saved_pooling()
         self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
         self.objective: Objective = build_objective(config, encoder.dim, encoder, teacher).to(self.device)
-        heads = [
-            p for name in self.objective.head_parameters for p in getattr(self.objective, name).parameters()
-        ]
-        head_ids = {id(p) for p in heads}
-        # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
-        owned = head_ids | {id(p) for p in self.encoder.parameters()}
-        body = [p for p in self.objective.parameters() if id(p) not in owned]
-        groups = [
-            {"params": [p for p in self.encoder.parameters() if p.requires_grad] + body, "lr": config.lr}
-        ]
-        if heads:
-            groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
-        self.params = [p for group in groups for p in group["params"]]
-        # L2-SP (Li et al. 2018, "Explicit inductive bias for transfer learning"), decoupled as AdamW decays:
-        # the encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
-        self.init_weights = (
-            [(p, p.detach().clone()) for p in self.encoder.parameters() if p.requires_grad]
-            if config.init_decay
-            else []
-        )
-        if config.optimizer == "consert":
-            names = {
-                id(p): n for n, p in [*self.encoder.named_parameters(), *self.objective.named_parameters()]
-            }
-            groups = consert_param_groups(groups, names, config.weight_decay)
-            self.optimizer = BertAdamW(groups, lr=config.lr)
-            schedule = consert_schedule(config.steps, config.warmup_ratio)
-        else:
-            self.optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
-            warmup = int(config.warmup_ratio * config.steps)
-
-            def schedule(step: int) -> float:
-                if step < warmup:
-                    return (step + 1) / (warmup + 1)
-                return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
-        self.queue = None
-        if config.queue_size and config.mode != "nli":
-            self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum)
+        self.optimizer, self.scheduler, self.params = build_optimizer(config, self.encoder, self.objective)
+        # The encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
+        self.init_decay = InitDecay(self.encoder, config.init_decay)
+        queue = config.queue_size and config.mode != "nli"  # ESimCSE's extra negatives
+        self.queue = MomentumQueue(self.encoder.model, config.queue_size, config.momentum) if queue else None
 
         self.order = BatchOrder(len(self.examples), config.batch_size, config.seed)
         if self.order.batch_size < config.batch_size:
@@ -153,19 +101,34 @@ class Trainer:
         self.evaluator = STSEvaluator(dev_pairs, "stsb-dev")
         self.domain_evaluator = STSEvaluator(domain_dev, "domain-dev") if domain_dev else None
         self.domain_dev, self.max_task_drop = list(domain_dev or []), max_task_drop
-        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir else None
         self.progress, self.on_row = progress and self.rank == 0, on_row
         self.autocast = use_bf16(config.bf16, self.device)
         if config.compile:
             self.encoder.model.compile()  # in place: state_dict keys, saving and resume are unchanged
-        self._inputs_digest = self._digest_inputs() if self.checkpoint_dir else ""
+        bf16 = torch.bfloat16 if self.autocast else None
         self.embed = Embedder(
-            self.encoder,
-            config.view,
+            self.encoder, config.view, self.generator, self.device, bf16, config.chunk_tokens
+        )
+        # The step's loss: the objective's on the whole batch, or GradCache's wrapper of it (grad_accum > 1).
+        self.criterion: ObjectiveLoss | CachedLoss = ObjectiveLoss(self.objective, self.embed)
+        if config.grad_accum > 1:
+            self.criterion = CachedLoss(self.criterion, config.grad_accum)
+        # The fingerprint digests the init weights: after compiling (in place), before any step.
+        inputs = inputs_digest(self.examples, self.encoder.model) if checkpoint_dir else ""
+        self.resume = ResumeState(
+            checkpoint_dir,
+            fingerprint(config, self.world, inputs, self.domain_dev, max_task_drop) if checkpoint_dir else "",
+            {
+                "model": self.encoder.model,
+                "objective": self.objective,
+                "optimizer": self.optimizer,
+                "scheduler": self.scheduler,
+            },
+            self.queue,
             self.generator,
             self.device,
-            torch.bfloat16 if self.autocast else None,
-            config.chunk_tokens,
+            self.rank,
+            self.world,
         )
 
     # -- one optimizer step ----------------------------------------------------------------------------------
@@ -184,40 +147,24 @@ class Trainer:
         self.encoder.model.train(self.cfg.encoder_dropout)
         self.objective.train()
 
-    def _global_loss(self, loss: torch.Tensor, step: int) -> float:
-        value = loss.detach().float()
-        if self.world > 1:
-            torch.distributed.all_reduce(value)
-            value /= self.world
-        value = float(value)
-        if not math.isfinite(value):
-            raise FloatingPointError(
-                f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
-            )
-        return value
-
     def train_step(self, items: Sequence[Any], step: int) -> float:
         self._set_dropout()
         queued = None
         if self.queue is not None:
             queued = self.queue.advance(self.encoder.model, self.embed.tokenize(self._sentences(items)))
             queued = self.objective.queue_entries(queued)  # projected as the anchors' (ESimCSE models.py)
-        micro = [items[i :: self.cfg.grad_accum] for i in range(self.cfg.grad_accum)]
-        if len(micro) == 1:
-            loss = self.loss(self.representations(micro[0]))
-            value = self._global_loss(loss, step)
-            loss.backward()
-        else:
-            value = self._cached_gradient_step(micro, step)
+        loss = self.criterion(items, self.queue.negatives if self.queue is not None else None)
+        value = mean_over_ranks(loss, self.world)
+        if not math.isfinite(value):
+            raise FloatingPointError(
+                f"loss is {value} at step {step}: stopping (try a lower lr or a higher temperature)"
+            )
+        loss.backward()  # with grad_accum > 1, GradCache's second pass over the micro-batches
         if self.world > 1:
-            self._all_reduce_gradients()
+            all_reduce_gradients(self.params, self.world)
         if self.cfg.max_grad_norm:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
-        if self.init_weights:  # before the update, as torch's AdamW applies its own decay
-            with torch.no_grad():
-                pull = self.optimizer.param_groups[0]["lr"] * self.cfg.init_decay
-                for weight, start in self.init_weights:
-                    weight.sub_(weight - start, alpha=pull)
+        self.init_decay.pull(self.optimizer.param_groups[0]["lr"])
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -230,132 +177,17 @@ class Trainer:
             return list(items)
         return [premise for premise, *_ in items] + [item[1] for item in items]
 
-    def _cached_gradient_step(self, micro: list[Sequence[Any]], step: int) -> float:
-        states, cached = [], []
-        with torch.no_grad():
-            for part in micro:
-                states.append(_rng_state(self.generator))
-                cached.append(self.representations(part))
-        end_state = _rng_state(self.generator)
-        leaves = {
-            key: torch.cat([c[key].detach() for c in cached]).requires_grad_(
-                cached[0][key].is_floating_point()
-            )
-            for key in cached[0]
-        }
-        loss = self.loss(leaves)
-        value = self._global_loss(loss, step)
-        loss.backward()
-        offset = 0
-        for part, state in zip(micro, states, strict=True):
-            _set_rng_state(state, self.generator)
-            reps = self.representations(part)
-            size = len(part)
-            pairs = [
-                (reps[k], leaves[k].grad[offset * m : (offset + size) * m])
-                for k, m in self._rows_per_item(reps, size).items()
-                if leaves[k].grad is not None
-            ]
-            torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
-            offset += size
-        _set_rng_state(end_state, self.generator)
-        return value
-
-    @staticmethod
-    def _rows_per_item(reps: dict[str, torch.Tensor], size: int) -> dict[str, int]:
-        return {k: v.shape[0] // size for k, v in reps.items() if v.is_floating_point()}
-
-    def _all_reduce_gradients(self) -> None:
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.flatten() for g in grads])
-        torch.distributed.all_reduce(flat)
-        flat /= self.world
-        offset = 0
-        for p, g in zip(self.params, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(p).clone()
-            offset += g.numel()
-
     # -- evaluation and checkpoints ----------------------------------------------------------------------------
 
     def evaluate(self) -> dict[str, float]:
         """STS-B dev, and the domain dev set when there is one (Spearman x 100 by name)."""
         scores = None
         if self.rank == 0:
-
-            def encode(sentences: Sequence[str]) -> np.ndarray:
-                return self.encoder.encode(sentences, batch_size=128)  # the pooling it is saved with
-
+            encode = partial(self.encoder.encode, batch_size=128)  # the pooling it is saved with
             scores = {"stsb_dev": self.evaluator(encode)}
             if self.domain_evaluator is not None:
                 scores["domain_dev"] = self.domain_evaluator(encode)
-        return _broadcast(scores)
-
-    def _fingerprint(self) -> str:
-        """Config, training data and init weights: a changed input never resumes old weights."""
-        config = asdict(self.cfg)
-        config.pop("device")
-        # Selection on another domain dev set (or another guard) restarts too.
-        selection = [self.domain_dev, self.max_task_drop] if self.domain_dev else []
-        payload = json.dumps(
-            [config, self.world, self._inputs_digest, *selection], sort_keys=True, default=str
-        )
-        return hashlib.sha256(payload.encode()).hexdigest()[:16]
-
-    def _digest_inputs(self) -> str:
-        digest = hashlib.sha256(json.dumps(self.examples, default=str).encode())
-        for name, tensor in sorted(self.encoder.model.state_dict().items()):
-            digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return digest.hexdigest()
-
-    def _state_path(self) -> Path | None:
-        return self.checkpoint_dir / "state.pt" if self.checkpoint_dir else None
-
-    def save_state(self, state: dict[str, Any]) -> None:
-        rngs = [_rng_state(self.generator)]
-        if self.world > 1:
-            rngs = [None] * self.world
-            torch.distributed.all_gather_object(rngs, _rng_state(self.generator))
-        if self.rank != 0 or self._state_path() is None:
-            return
-        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
-        payload = {
-            **state,
-            "fingerprint": self._fingerprint(),
-            "model": self.encoder.model.state_dict(),
-            "objective": self.objective.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "momentum_model": self.queue.model.state_dict() if self.queue else None,
-            "queue": self.queue.negatives.cpu() if self.queue else None,
-            "rng": rngs,
-        }
-        tmp = self._state_path().with_suffix(".tmp")
-        torch.save(payload, tmp)
-        os.replace(tmp, self._state_path())  # a kill mid-write leaves the previous state intact
-
-    def load_state(self) -> dict[str, Any] | None:
-        path = self._state_path()
-        if path is None or not path.is_file():
-            return None
-        try:
-            payload = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as exc:  # a torn or foreign file: say which folder to delete
-            raise RuntimeError(
-                f"{path}: unreadable resume state ({type(exc).__name__}); delete {self.checkpoint_dir} to start afresh"
-            ) from None
-        if payload.get("fingerprint") != self._fingerprint():
-            log.warning("%s belongs to another config or data set: starting afresh", path)
-            return None
-        self.encoder.model.load_state_dict(payload["model"])
-        self.objective.load_state_dict(payload["objective"])
-        self.optimizer.load_state_dict(payload["optimizer"])
-        self.scheduler.load_state_dict(payload["scheduler"])
-        if self.queue is not None:
-            self.queue.model.load_state_dict(payload["momentum_model"])
-            self.queue.negatives = payload["queue"].to(self.device)
-        _set_rng_state(payload["rng"][self.rank], self.generator)
-        return payload
+        return broadcast(scores)
 
     def _snapshot(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().cpu().clone() for k, v in self.encoder.model.state_dict().items()}
@@ -366,13 +198,9 @@ class Trainer:
         cfg = self.cfg
         started = time.perf_counter()
         log.info("precision: %s", describe_precision(cfg.bf16, self.device))
-        resumed = self.load_state()
+        resumed = self.resume.load()
         if resumed:
-            step, rows, elapsed = resumed["step"], resumed["rows"], resumed["elapsed"]
-            init, best, best_step, bad = (
-                resumed[k] for k in ("init_scores", "best_scores", "best_step", "bad")
-            )
-            best_state = resumed["best_state"]
+            step, rows, elapsed, init, best, best_step, bad, best_state = (resumed[k] for k in PROGRESS)
             log.info("resuming from step %d (best %s at step %d)", step, _describe(best), best_step)
         else:
             step, elapsed, bad = 0, 0.0, 0
@@ -413,20 +241,10 @@ class Trainer:
             bar.set_postfix(loss=f"{loss:.4f}", best=f"{best.get('domain_dev', best['stsb_dev']):.2f}")
             save_every = cfg.save_steps or cfg.eval_steps
             if step < cfg.steps and not self._out_of_patience(bad) and (step % save_every == 0):
-                self.save_state(
-                    {
-                        "step": step,
-                        "rows": rows,
-                        "elapsed": elapsed + time.perf_counter() - started,
-                        "init_scores": init,
-                        "best_scores": best,
-                        "best_step": best_step,
-                        "bad": bad,
-                        "best_state": best_state,
-                    }
-                )
+                seconds = elapsed + time.perf_counter() - started
+                progress = (step, rows, seconds, init, best, best_step, bad, best_state)
+                self.resume.save(dict(zip(PROGRESS, progress, strict=True)))
         bar.close()
-        stopped = self._out_of_patience(bad)
         self.last_state = self._snapshot()  # the weights before selection, for inspection and tests
         self.encoder.model.load_state_dict(best_state)
         if best_step == 0:
@@ -437,7 +255,7 @@ class Trainer:
             best_step,
             step,
             elapsed + time.perf_counter() - started,
-            stopped,
+            self._out_of_patience(bad),
             rows,
             init.get("domain_dev"),
             best.get("domain_dev"),
@@ -448,9 +266,7 @@ class Trainer:
         return self.cfg.patience is not None and bad >= self.cfg.patience
 
     def _rank_items(self, indices: list[int]) -> list[Any]:
-        share = len(indices) // self.world
-        mine = indices[self.rank * share : (self.rank + 1) * share]
-        return [self.examples[i] for i in mine]
+        return [self.examples[i] for i in rank_share(indices, self.rank, self.world)]
 
     def _emit(self, row: dict[str, Any]) -> None:
         if self.on_row and self.rank == 0:
@@ -467,24 +283,9 @@ class Trainer:
 
     def finish(self) -> None:
         """Remove the resume state once the output is safely written."""
-        if self.rank == 0 and self.checkpoint_dir and self.checkpoint_dir.exists():
-            import shutil
-
-            shutil.rmtree(self.checkpoint_dir)
+        self.resume.remove()
 
 
 def _describe(scores: dict[str, float]) -> str:
     names = {"stsb_dev": "STS-B dev", "domain_dev": "domain dev"}
     return ", ".join(f"{names[k]} {v:.2f}" for k, v in scores.items())
-
-
-def train(
-    encoder: Encoder,
-    config: TrainConfig,
-    examples: Sequence[Any],
-    dev_pairs: Sequence[tuple[str, str, float]],
-    checkpoint_dir: Path | str | None = None,
-    progress: bool = True,
-) -> TrainResult:
-    """Train and leave ``encoder`` holding the selected weights; the resume state is kept (see ``Trainer.finish``)."""
-    return Trainer(encoder, config, examples, dev_pairs, checkpoint_dir, progress).fit()

@@ -1,8 +1,8 @@
 """Training objectives as small pieces: what examples each reads, which embeddings it needs, and its loss.
 
 An objective turns a micro-batch of examples into the embeddings its loss needs (``representations``) and turns
-those into a loss (``loss``). The split is what gradient caching needs: ``Trainer`` embeds every micro-batch
-first, computes the loss over the whole batch, then replays each micro-batch with gradient.
+those into a loss (``loss``). The split is what gradient caching needs: ``sentcl.training.gradcache.CachedLoss``
+embeds every micro-batch first, computes the loss over the whole batch, then replays each micro-batch with gradient.
 
 =================  ===========================  =====================================================
 objective          examples                     loss

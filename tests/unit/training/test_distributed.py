@@ -1,5 +1,5 @@
-"""Data parallelism with two CPU processes (gloo): the negatives span both ranks, and two ranks with half a
-batch each make exactly the update of one process with the whole batch."""
+"""Data parallelism with two CPU processes (gloo): the negatives span both ranks, two ranks with half a batch each
+make exactly the update of one process with the whole batch, and a gradient missing on one rank counts as zero."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from sentcl.model.encoder import Encoder
+from sentcl.training.distributed import all_reduce_gradients, rank_share
 from sentcl.training.losses import nt_xent, sup_simcse
 from sentcl.training.trainer import Trainer
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config
@@ -47,6 +48,12 @@ def worker(rank: int, world: int, init_file: str, model_dir: str, out_dir: str) 
         for step in range(2):
             trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
         results["weights"] = {k: v.clone() for k, v in encoder.model.state_dict().items()}
+        # A parameter that one rank's loss never reaches (BERT's pooler, a head) has no gradient there.
+        used, unused = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(3))
+        used.grad = torch.full((2,), float(rank + 1))
+        unused.grad = torch.ones(3) if rank == 0 else None
+        all_reduce_gradients([used, unused], world)
+        results["reduced"] = (used.grad, unused.grad)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -85,3 +92,14 @@ def test_two_gloo_ranks_equal_one_process_with_the_whole_batch(tmp_path):
     for key, value in single.items():
         torch.testing.assert_close(ranks[0]["weights"][key], value, atol=1e-5, rtol=0, msg=key)
         assert torch.equal(ranks[0]["weights"][key], ranks[1]["weights"][key])  # the ranks stay in sync
+
+    for rank in range(2):  # the mean over ranks, a missing gradient as zero
+        used, unused = ranks[rank]["reduced"]
+        assert torch.equal(used, torch.full((2,), 1.5)) and torch.equal(unused, torch.full((3,), 0.5))
+
+
+def test_each_rank_takes_its_contiguous_share_of_the_global_batch():
+    batch = [7, 3, 9, 1, 4, 8]
+    assert [rank_share(batch, rank, 2) for rank in range(2)] == [[7, 3, 9], [1, 4, 8]]
+    assert [rank_share(batch, rank, 3) for rank in range(3)] == [[7, 3], [9, 1], [4, 8]]
+    assert rank_share(batch, 0, 1) == batch
