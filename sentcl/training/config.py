@@ -45,6 +45,10 @@ class TrainConfig:
     init_decay: float  # decoupled pull toward the init's weights (L2-SP): p -= lr * init_decay * (p - p_init); 0 = off
     warmup_ratio: float  # linear warm-up, then linear decay to zero at ``steps``
     optimizer: str  # adamw (torch AdamW, decay on every parameter) | consert (sentence-transformers 0.3 fit)
+    fused_optimizer: bool  # adamw: torch's fused kernel (one pass over each tensor) where the device has one
+    freeze: tuple[
+        str, ...
+    ]  # parameter-name prefixes of the encoder's model left untrained (not in the optimizer)
     max_grad_norm: float  # 0 switches clipping off
     temperature: float
     alpha: float  # weight of the contrastive term (ConSERT's --cl_rate)
@@ -80,6 +84,7 @@ class TrainConfig:
         if isinstance(self.distill, dict):
             self.distill = _build(DistillConfig, self.distill, "distill")
         self.views = tuple(self.views)
+        self.freeze = tuple(self.freeze or ())
         if self.preset is not None:
             if self.preset not in PRESETS:
                 raise ConfigError(f"preset: unknown {self.preset!r}; choose from {', '.join(PRESETS)}")
@@ -151,6 +156,12 @@ class TrainConfig:
         need(self.init_decay >= 0, "init_decay", "not negative (0 = off)")
         need(0 <= self.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]")
         need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
+        need(isinstance(self.fused_optimizer, bool), "fused_optimizer", "true or false")
+        need(
+            all(isinstance(p, str) and p.strip() for p in self.freeze),
+            "freeze",
+            "a list of parameter-name prefixes (e.g. embeddings.word_embeddings, encoder.layer.0.)",
+        )
         need(self.max_grad_norm >= 0, "max_grad_norm", "not negative (0 = off)")
         need(self.temperature > 0, "temperature", "greater than 0")
         need(self.alpha >= 0, "alpha", "not negative")

@@ -17,11 +17,31 @@ from sentcl.training.config import TrainConfig
 # --- the optimizer of a run ------------------------------------------------------------------------------
 
 
+def freeze(model: nn.Module, prefixes: tuple[str, ...]) -> int:
+    """Leave every parameter of ``model`` whose name starts with one of ``prefixes`` untrained
+    (``train.freeze``): ``requires_grad`` off, so autograd computes no gradient for it (a frozen embedding matrix
+    costs no backward at all) and the optimizer never holds it. A prefix that names no parameter is an error.
+    Returns how many parameters (elements) were frozen."""
+    named = dict(model.named_parameters())
+    frozen = 0
+    for prefix in prefixes:
+        hits = [p for name, p in named.items() if name.startswith(prefix)]
+        if not hits:
+            raise ValueError(
+                f"freeze: {prefix!r} is the start of no parameter name of {type(model).__name__}"
+            )
+        for p in hits:
+            if p.requires_grad:
+                p.requires_grad_(False)
+                frozen += p.numel()
+    return frozen
+
+
 def build_optimizer(
     config: TrainConfig, encoder: nn.Module, objective: nn.Module
 ) -> tuple[torch.optim.Optimizer, torch.optim.lr_scheduler.LambdaLR, list[nn.Parameter]]:
     """The optimizer, its lr schedule and the parameters it trains: the encoder's and the objective's, the
-    objective's heads (``head_parameters``) at ``head_lr``."""
+    objective's heads (``head_parameters``) at ``head_lr``; frozen parameters (``requires_grad`` off) left out."""
     heads = [p for name in objective.head_parameters for p in getattr(objective, name).parameters()]
     head_ids = {id(p) for p in heads}
     # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
@@ -37,7 +57,8 @@ def build_optimizer(
         optimizer = BertAdamW(groups, lr=config.lr)
         schedule = consert_schedule(config.steps, config.warmup_ratio)
     else:
-        optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay)
+        fused = {"fused": True} if config.fused_optimizer else {}
+        optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, **fused)
         warmup = int(config.warmup_ratio * config.steps)
 
         def schedule(step: int) -> float:

@@ -32,7 +32,7 @@ from sentcl.training.gradcache import CachedLoss, ObjectiveLoss
 from sentcl.training.objectives.base import Embedder, Objective
 from sentcl.training.objectives.contrastive import MomentumQueue
 from sentcl.training.objectives.factory import build_objective
-from sentcl.training.optimizer import InitDecay, build_optimizer
+from sentcl.training.optimizer import InitDecay, build_optimizer, freeze
 from sentcl.training.precision import describe_precision, use_bf16
 from sentcl.training.resume import ResumeState, fingerprint, inputs_digest
 from sentcl.training.runtime import BatchOrder, dist_info, select_device
@@ -89,6 +89,9 @@ class Trainer:
         saved = config.saved_pooling()
         self.encoder.pooling, self.encoder.prompt = saved.pooling, saved.prompt
         self.objective: Objective = build_objective(config, encoder.dim, encoder, teacher).to(self.device)
+        if config.freeze:
+            frozen = freeze(self.encoder.model, config.freeze)
+            log.info("freeze: %s (%.1fM parameters left untrained)", ", ".join(config.freeze), frozen / 1e6)
         self.optimizer, self.scheduler, self.params = build_optimizer(config, self.encoder, self.objective)
         # The encoder's weights as the trainer got them, which a resumed run's are too (state loads in fit).
         self.init_decay = InitDecay(self.encoder, config.init_decay)
