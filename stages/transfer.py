@@ -137,7 +137,14 @@ def main(argv: list[str] | None = None) -> None:
     try:
         texts, truncated = training_data.training_text(choice, pairs, nli, raw, init, config, max_texts, log)
         teacher = load_teacher(Path(args.teacher_vectors), texts) if config.objective == "distill" else None
-        examples = training_data.distill_examples(config.distill, choice, texts, teacher, pairs, nli, log)
+        student = None
+        if config.objective == "distill" and config.distill.keep_hardest < 1:
+            from sentcl.model.fast_encode import FastEncoder
+
+            student = FastEncoder(init, backend=params["evaluate"]["backend"])
+        examples = training_data.distill_examples(
+            config.distill, choice, texts, teacher, pairs, nli, log, student
+        )
     except (training_data.TextChoiceError, DomainTextError) as exc:
         fail(str(exc))
     inputs = [processed] + ([Path(choice)] if Path(choice).exists() else [])

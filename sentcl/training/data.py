@@ -151,9 +151,11 @@ def distill_examples(
     pairs: pd.DataFrame,
     nli: pd.DataFrame,
     log: logging.Logger,
+    student: Any = None,
 ) -> list[Any]:
     """What objective distill trains on (``settings.examples``):
-    the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``);
+    the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``),
+    of which ``keep_hardest`` (the share the ``student(sentences) -> vectors`` disagrees with the teacher on most);
     or the ``choice`` text's unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short:
     ``TextChoiceError``."""
     kind, neighbours = settings.examples, settings.neighbours
@@ -169,6 +171,15 @@ def distill_examples(
         log.info(
             "distill: %d sentences, each with its %d nearest teacher neighbours", len(examples), neighbours
         )
+        if settings.keep_hardest < 1:
+            from sentcl.training.objectives.distill import hardest_groups
+
+            examples = hardest_groups(examples, teacher, student, settings.keep_hardest)
+            log.info(
+                "distill: the %d groups (%.0f%%) the student disagrees with the teacher on most",
+                len(examples),
+                100 * settings.keep_hardest,
+            )
         return examples
     if kind == "pairs":
         try:

@@ -57,6 +57,9 @@ class DistillConfig:
     neighbours: int  # examples neighbours: how many nearest teacher neighbours join each sentence (k)
     # similarity_mse over neighbours or pairs: weight of the entries within one example (1 = the plain mean)
     group_weight: float
+    # examples neighbours: the share of groups trained on, those whose student cosines (the sentence to each of
+    # its neighbours) are furthest from the teacher's before training; 1 = every group, no student pass
+    keep_hardest: float
 
     def __post_init__(self) -> None:
         if self.loss not in DISTILL_LOSSES:
@@ -78,6 +81,13 @@ class DistillConfig:
             )
         if self.temperature == 0:
             raise ValueError("distill.temperature: greater than 0, got 0")
+        keep = self.keep_hardest
+        if isinstance(keep, bool) or not isinstance(keep, int | float) or not 0 < keep <= 1:
+            raise ValueError(f"distill.keep_hardest: a share in (0, 1], got {keep!r}")
+        if keep < 1 and self.examples != "neighbours":
+            raise ValueError(
+                f"distill.keep_hardest {keep} needs distill.examples neighbours, got {self.examples}"
+            )
         if isinstance(self.neighbours, bool) or not isinstance(self.neighbours, int) or self.neighbours < 1:
             raise ValueError(f"distill.neighbours: a whole number from 1, got {self.neighbours!r}")
 
@@ -159,6 +169,29 @@ def neighbour_groups(texts: Sequence[str], teacher: Any, k: int = 1) -> list[tup
         raise ValueError(f"distill.examples neighbours: {k} neighbours need more than {k} training sentences")
     best = nearest_neighbours(teacher.lookup(texts), k)
     return [(texts[i], *(texts[j] for j in row)) for i, row in enumerate(best)]
+
+
+def hardest_groups(
+    groups: Sequence[tuple[str, ...]], teacher: Any, student: Any, keep: float
+) -> list[tuple[str, ...]]:
+    """The ``keep`` share of ``groups`` (a sentence and its neighbours) on which the student disagrees most with
+    the teacher before training: per group, the summed squared gap between the student's and the teacher's
+    cosine of the sentence to each neighbour. ``student(sentences) -> vectors``. Their order is kept."""
+    sentences = sorted({s for group in groups for s in group})
+    index = {s: i for i, s in enumerate(sentences)}
+
+    def unit(vectors: np.ndarray) -> np.ndarray:
+        x = np.asarray(vectors, dtype=np.float64)
+        return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
+
+    t, s = unit(teacher.lookup(sentences)), unit(student(sentences))
+    rows = np.array([[index[x] for x in group] for group in groups])
+    gaps = np.zeros(len(groups))
+    for j in range(1, rows.shape[1]):
+        a, b = rows[:, 0], rows[:, j]
+        gaps += ((s[a] * s[b]).sum(1) - (t[a] * t[b]).sum(1)) ** 2
+    kept = max(1, round(keep * len(groups)))
+    return [groups[i] for i in np.sort(np.argsort(-gaps, kind="stable")[:kept])]
 
 
 class Distill(nn.Module):

@@ -173,6 +173,39 @@ def test_nearest_neighbours_are_each_sentences_most_similar_other_sentences(setu
         neighbour_groups(sentences[:3], teacher, 3)
 
 
+def test_hardest_groups_are_those_the_student_disagrees_with_the_teacher_on_most(setup):
+    from sentcl.training.objectives.distill import hardest_groups, neighbour_groups
+
+    _, teacher, sentences = setup
+    groups = neighbour_groups(sentences, teacher, 2)
+    # A student that agrees with the teacher except on sentence 0's and 5's vectors (turned a quarter round).
+    vectors = dict(zip(sentences, teacher.lookup(sentences).astype(np.float64), strict=True))
+    for i in (0, 5):
+        vectors[sentences[i]] = np.roll(vectors[sentences[i]], 7)
+
+    def student(batch):
+        return np.stack([vectors[x] for x in batch])
+
+    def gap(group):  # the squared cosine gaps of the sentence to its neighbours, written out
+        t = {x: torch.tensor(teacher.lookup([x])[0], dtype=torch.float64) for x in group}
+        s = {x: torch.tensor(vectors[x]) for x in group}
+        return sum(
+            (
+                float(F.cosine_similarity(s[group[0]], s[n], dim=0))
+                - float(F.cosine_similarity(t[group[0]], t[n], dim=0))
+            )
+            ** 2
+            for n in group[1:]
+        )
+
+    ranked = sorted(range(len(groups)), key=lambda i: -gap(groups[i]))
+    kept = hardest_groups(groups, teacher, student, 0.25)
+    expected = sorted(ranked[: round(0.25 * len(groups))])
+    assert kept == [groups[i] for i in expected]
+    assert any(sentences[0] in g or sentences[5] in g for g in kept)
+    assert hardest_groups(groups, teacher, student, 1.0) == groups
+
+
 def test_neighbour_groups_share_one_similarity_matrix_and_label_each_pair(setup):
     from sentcl.model.encoder import Encoder
     from sentcl.training.objectives.base import Embedder
@@ -348,6 +381,9 @@ def test_distill_settings_are_checked_by_name(capsys):
         ({"neighbours": 2.5}, "distill.neighbours: a whole number from 1, got 2.5"),
         ({"group_weight": 0}, "distill.group_weight: a number greater than 0, got 0"),
         ({"group_weight": "high"}, "distill.group_weight: a number greater than 0, got 'high'"),
+        ({"keep_hardest": 0}, "distill.keep_hardest: a share in (0, 1], got 0"),
+        ({"keep_hardest": 1.5}, "distill.keep_hardest: a share in (0, 1], got 1.5"),
+        ({"keep_hardest": 0.5, "examples": "sentences"}, "needs distill.examples neighbours"),
     ):
         with pytest.raises(SystemExit) as exc:
             train_config(objective="distill", distill=distill)
