@@ -1,24 +1,31 @@
-"""Training throughput of the transfer loop against a plain Hugging Face loop in fp32, padded and in chunks.
+"""Training throughput of the transfer loop against a plain Hugging Face loop in fp32, padded and in chunks, and of
+the default step as ``make run`` runs it.
 
 Two steps are timed, each on real batches of the default text (``transfer.texts: heldout``):
 
 - ``distill``: the default transfer's (``transfer.base`` + ``transfer.distillation``: each sentence with its 3
   nearest teacher neighbours, 32 groups = 128 sentences, in-batch cosine MSE with the group weight, encoder
   dropout off). The peer tokenizes the 128 sentences padded to the longest, mean-pools, computes the same
-  weighted MSE and steps AdamW. The teacher's vectors are data/teacher when the teacher stage has run, else the
+  weighted MSE and steps AdamW. Rows: sentcl in fp32 padded and in length-sorted chunks of each ``--chunks``
+  size; **default**: the step exactly as params.yaml and ``train.bf16: auto`` run it on this machine (bf16 with
+  chunks where the CPU has native bf16, fp32 with chunks elsewhere; ``train.freeze`` and
+  ``train.fused_optimizer`` as params.yaml sets them); then the default with each of those two flipped, and the
+  default on one thread. The teacher's vectors are data/teacher when the teacher stage has run, else the
   student's own vectors stand in (neighbours and targets then come from them; a step's cost does not depend on
   the values).
 - ``contrastive``: SimCSE's work as a user would write it with transformers alone (64 sentences, two forwards
   with dropout, mean pool, NT-Xent, AdamW), and sentcl's transfer loop set to the same work.
 
-sentcl runs padded (``train.chunk_tokens: 0``, the whole batch padded to its longest sentence) and in
-length-sorted chunks of each ``--chunks`` size (``train.chunk_tokens``: at most that many padded tokens per
-forward). The loops alternate on the same batch at each step (peer, sentcl padded, sentcl chunks, ...) so that a
-machine shared with other jobs slows all alike; each ratio is of median step times measured in this one run.
-Memory: the activations autograd keeps for the backward pass (exact, from a separate untimed step), and the peak
-growth of resident memory during a timed step (CPU, sampled every 5 ms) or peak allocated memory (CUDA). The
-process's CPU seconds per step are printed beside the wall time: on a machine shared with other jobs, with
-``--threads 1``, they are the steadier measure of the work.
+Per row: sentences/s and the ratio to the peer; the **real-token share** (tokens of the sentences over the
+tokens the forward computes: padded to the batch's longest, or to each chunk's longest); **seconds per 1,000 real
+tokens**; and the **fraction of peak**: model FLOPs per real token (forward and backward: 6 x the non-embedding
+parameters + the attention's 12 x layers x hidden x mean length, the nanoGPT/PaLM count) times real tokens per
+second, over the CPU's physical peak (cores x clock x FLOP per cycle, derived from /proc/cpuinfo and printed).
+The loops alternate on the same batch at each step (peer, sentcl padded, sentcl chunks, ...) so that a machine
+shared with other jobs slows all alike; each ratio is of median step times measured in this one run. Memory: the
+activations autograd keeps for the backward pass (exact, from a separate untimed step), and the peak growth of
+resident memory during a timed step (CPU, sampled every 5 ms) or peak allocated memory (CUDA). The process's CPU
+seconds per step are printed beside the wall time.
 ``bf16`` is forced in one extra contrastive row whatever ``train.bf16: auto`` would pick (printed first).
 
     make bench-train            # or: python -m benchmarks.bench_train --steps 6 --chunks 256,512,1024
@@ -232,13 +239,69 @@ def load_teacher(texts: list[str], path: str, pool: int, seed: int):
 # --- the run ---------------------------------------------------------------------------------------------
 
 
+def cpu_peak() -> tuple[float, float, str]:
+    """(fp32 FLOP/s, bf16 FLOP/s, how they were derived) of the cores this process may use: cores x clock (``cpu
+    MHz`` of /proc/cpuinfo) x FLOP per cycle per core from the instruction set: 32 fp32 (two 256-bit FMA pipes:
+    AVX2, and AVX-512 on AMD, which runs it on 256-bit pipes) or 64 (AVX-512 on Intel: two 512-bit FMA ports);
+    bf16 twice the fp32 rate with AVX512-BF16 (a dot product of bf16 pairs per lane) and 16x with AMX, else the
+    fp32 rate (bf16 is emulated). An estimate from the ISA, not a measurement."""
+    from sentcl.training.precision import cpuinfo_flags
+
+    text = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").is_file() else ""
+    mhz = next((float(line.split(":")[1]) for line in text.splitlines() if line.startswith("cpu MHz")), 0.0)
+    flags = cpuinfo_flags()
+    amd = "AuthenticAMD" in text
+    per_cycle = 64 if "avx512f" in flags and not amd else 32 if {"avx2", "fma"} <= flags else 16
+    bf16 = per_cycle * (16 if "amx_bf16" in flags else 2 if "avx512_bf16" in flags else 1)
+    cores = len(os.sched_getaffinity(0))
+    fp32 = cores * mhz * 1e6 * per_cycle
+    how = (
+        f"{cores} cores x {mhz / 1000:.2f} GHz x {per_cycle} fp32 FLOP/cycle"
+        f" ({'AMD' if amd else 'non-AMD'}, {'AVX-512' if 'avx512f' in flags else 'AVX2' if 'avx2' in flags else 'SSE'})"
+        f" = {fp32 / 1e9:.0f} GFLOP/s fp32, {cores * mhz * 1e6 * bf16 / 1e9:.0f} GFLOP/s bf16"
+        f" ({'AMX' if 'amx_bf16' in flags else 'AVX512-BF16' if 'avx512_bf16' in flags else 'emulated'})"
+    )
+    return fp32, cores * mhz * 1e6 * bf16, how
+
+
+def flops_per_token(model: torch.nn.Module, mean_length: float) -> float:
+    """Training FLOPs per real token, forward and backward: 6 x the non-embedding parameters + 12 x layers x
+    hidden x the mean sequence length (attention scores and their use; the nanoGPT/PaLM count)."""
+    config = model.config
+    body = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("embeddings.", "pooler.")))
+    return 6 * body + 12 * config.num_hidden_layers * config.hidden_size * mean_length
+
+
+def token_counts(tokenizer, sentences: list[str], max_length: int, chunk: int) -> tuple[int, int]:
+    """(real tokens, tokens computed) of one batch: padded to its longest (``chunk`` 0) or to each length-sorted
+    chunk's longest, the rule of ``sentcl.training.objectives.chunks.length_chunks``."""
+    from sentcl.training.objectives.chunks import length_chunks
+
+    batch = tokenizer(sentences, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    mask = batch["attention_mask"]
+    real = int(mask.sum())
+    chunks = length_chunks(mask, chunk) if chunk else None
+    computed = sum(len(rows) * width for rows, width in chunks) if chunks else mask.numel()
+    return real, computed
+
+
 def measure(
-    title: str, loops: dict[str, Callable], batches: list[list], peer: str, device, unit: int
-) -> None:
-    """Warm-up on the first batch, then every loop on each later batch in turn; one table."""
+    title: str,
+    loops: dict[str, Callable],
+    batches: list[list],
+    peer: str,
+    device,
+    unit: int,
+    tokens: dict[str, tuple[float, float]] | None = None,
+    peaks: dict[str, float] | None = None,
+    flops: float | None = None,
+) -> dict[str, float]:
+    """Warm-up on the first batch, then every loop on each later batch in turn; one table. ``tokens``: each
+    loop's mean (real, computed) tokens a step; ``peaks``: each loop's peak FLOP/s; ``flops``: per real token.
+    Returns each loop's median step seconds."""
     times: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}
-    peaks: dict[str, int] = dict.fromkeys(loops, 0)
+    memory_peaks: dict[str, int] = dict.fromkeys(loops, 0)
     saved = {name: saved_for_backward(lambda s=step: s(batches[0])) for name, step in loops.items()}
     for items in batches[1:]:
         for name, step in loops.items():
@@ -251,19 +314,43 @@ def measure(
                     torch.cuda.synchronize()
                 times[name].append(time.perf_counter() - start)
                 cpu[name].append(time.process_time() - start_cpu)
-            peaks[name] = max(peaks[name], memory.peak)
+            memory_peaks[name] = max(memory_peaks[name], memory.peak)
     kind = "GPU allocated" if device.type == "cuda" else "RSS growth"
     padded = "sentcl fp32 padded"
-    rates = {name: unit / statistics.median(times[name]) for name in loops}
+    medians = {name: statistics.median(times[name]) for name in loops}
+    rates = {name: unit / medians[name] for name in loops}
     print(f"\n{title}: {unit} sentences a step, {len(batches) - 1} timed steps each")
     for name in loops:
         versus = f"  x{rates[name] / rates[padded]:.3f} of padded" if padded in rates and name != peer else ""
+        work = ""
+        if tokens and name in tokens:
+            real, computed = tokens[name]
+            per_k = medians[name] / real * 1000
+            work = (
+                f"  real tokens {100 * real / computed:.0f}% of computed, {per_k:.3f} s / 1,000 real tokens"
+            )
+            if flops and peaks and name in peaks:
+                work += f", {100 * flops * real / medians[name] / peaks[name]:.0f}% of peak"
         print(
-            f"{name:24s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer{versus}  "
-            f"(median step {statistics.median(times[name]):.3f} s, CPU {statistics.median(cpu[name]):.3f} s)  "
-            f"saved for backward "
-            f"{saved[name] / 2**20:,.0f} MiB  peak {kind} {peaks[name] / 2**20:,.0f} MiB"
+            f"{name:34s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer{versus}  "
+            f"(median step {medians[name]:.3f} s, CPU {statistics.median(cpu[name]):.3f} s){work}  "
+            f"saved for backward {saved[name] / 2**20:,.0f} MiB  peak {kind} {memory_peaks[name] / 2**20:,.0f} MiB"
         )
+    return medians
+
+
+def on_threads(step: Callable, threads: int) -> Callable:
+    """``step`` run with torch on ``threads`` threads (the process's setting restored after)."""
+
+    def run(items):
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return step(items)
+        finally:
+            torch.set_num_threads(before)
+
+    return run
 
 
 def main() -> None:
@@ -312,6 +399,8 @@ def main() -> None:
         del loops  # the trainers' models and optimizer states
 
     if args.only != "contrastive":
+        from dataclasses import replace
+
         from sentcl.training.objectives.distill import neighbour_groups
 
         config = distill_config(params, device, args.max_length, 0)
@@ -319,20 +408,62 @@ def main() -> None:
         groups = neighbour_groups(pool, teacher, config.distill.neighbours)
         order = BatchOrder(len(groups), config.batch_size, seed)
         batches = [[groups[i] for i in order.indices(s)] for s in range(args.steps + 1)]
+        # The step make run trains: params.yaml as it is, train.bf16 auto (only the run length pinned).
+        default = transfer_config(
+            params, "base", {"objective": "distill", "steps": 10**6, "device": str(device)}
+        )
+        word_embeddings = ("embeddings.word_embeddings",)
+        flipped = replace(default, freeze=() if default.freeze else word_embeddings)
+        kinds = {
+            "sentcl fp32 padded": (config, False),
+            **{
+                f"sentcl fp32 chunks {c}": (distill_config(params, device, args.max_length, c), False)
+                for c in chunks
+            },
+            "default (params.yaml, auto)": (default, use_bf16(default.bf16, device)),
+            f"default, fused_optimizer {not default.fused_optimizer}".lower(): (
+                replace(default, fused_optimizer=not default.fused_optimizer),
+                use_bf16(default.bf16, device),
+            ),
+            f"default, freeze {list(flipped.freeze)}": (flipped, use_bf16(default.bf16, device)),
+        }
         loops = {
             peer: plain_distill(
                 path, device, config.lr, teacher, config.distill.group_weight, args.max_length
             ),
-            "sentcl fp32 padded": sentcl_step(path, config, groups, teacher),
-            **{
-                f"sentcl fp32 chunks {c}": sentcl_step(
-                    path, distill_config(params, device, args.max_length, c), groups, teacher
-                )
-                for c in chunks
-            },
+            **{name: sentcl_step(path, setting, groups, teacher) for name, (setting, _) in kinds.items()},
         }
+        loops["default, 1 thread"] = on_threads(sentcl_step(path, default, groups, teacher), 1)
+        kinds["default, 1 thread"] = kinds["default (params.yaml, auto)"]
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        flat = [[sentence for group in batch for sentence in group] for batch in batches[1:]]
+        tokens = {peer: (0.0, 0.0)}
+        for name, (setting, _) in {peer: (config, False), **kinds}.items():
+            counts = [token_counts(tokenizer, b, args.max_length, setting.chunk_tokens) for b in flat]
+            tokens[name] = (statistics.fmean(c[0] for c in counts), statistics.fmean(c[1] for c in counts))
+        fp32_peak, bf16_peak, how = cpu_peak() if device.type == "cpu" else (0.0, 0.0, "a GPU: no CPU peak")
+        peaks = {peer: fp32_peak} | {n: bf16_peak if bf16 else fp32_peak for n, (_, bf16) in kinds.items()}
+        peaks["default, 1 thread"] = peaks["default (params.yaml, auto)"] / max(
+            1, len(os.sched_getaffinity(0))
+        )
         unit = config.batch_size * (config.distill.neighbours + 1)
-        measure("distill (the default transfer)", loops, batches, peer, device, unit)
+        mean_length = tokens[peer][0] / unit
+        flops = flops_per_token(AutoModel.from_pretrained(path), mean_length)
+        print(
+            f"\npeak: {how}; {flops / 1e6:.1f} MFLOP a real token forward and backward at a mean "
+            f"{mean_length:.1f} tokens a sentence"
+        )
+        measure(
+            "distill (the default transfer)",
+            loops,
+            batches,
+            peer,
+            device,
+            unit,
+            tokens if device.type == "cpu" else None,
+            peaks,
+            flops,
+        )
     print("\nratios are throughput over the peer's (or sentcl padded's); > 1 is faster")
 
 
