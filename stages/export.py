@@ -146,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
             quantize_config=quantize_config,
             data_root=args.data,
             calibration=calibration,
+            training=release.training_record(checkpoint, args.train_metrics),
         )
     except release.OnnxMismatchError as e:
         raise SystemExit(f"export: {e}") from None

@@ -153,6 +153,7 @@ def run_stage(
     if rank == 0:
         preflight()  # an unreachable tracking server fails the stage now, not after the training
     log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
+    summary = {**(summary or {}), "trained": training_runs.training_facts(config, teacher)}
     checkpoints = Path(checkpoints_dir) / stage
     encoder, trainer, result, metrics = training_runs.fit(
         config, init, examples, dev_pairs, checkpoints, ROOT, domain_dev, max_task_drop, summary, teacher

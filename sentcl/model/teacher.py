@@ -29,6 +29,8 @@ PACKAGES = tuple(f"{NAME}-pypi-part-{i:03d}" for i in range(1, 6))
 PIECES = tuple(f"{NAME}.zip.{i:03d}" for i in range(1, 6))
 OFFICIAL_SHA256 = "78c0197b6159d92658e319bc1d72e4c73a9a03dd03815e70e555c5ef05615658"
 OFFICIAL_SIZE = 437_971_872
+LICENCE = "Apache-2.0"  # sentence-transformers/all-mpnet-base-v2's model card
+SOURCE = "sentence-transformers/all-mpnet-base-v2"
 # Files of the zip that are no part of a model (a Windows folder's desktop.ini).
 _SKIP = ("desktop.ini",)
 VECTORS, SENTENCES, META = "vectors.npy", "sentences.json", "teacher.json"

@@ -156,7 +156,45 @@ def export_onnx(folder: Path, max_length: int) -> dict[str, Any]:
     return report
 
 
-def model_card(info: dict[str, Any], params: dict[str, Any], sts_row: dict[str, Any]) -> str:
+def seen_rows(sts_row: dict[str, Any], reference: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The card's table of what the checkpoint saw: the seven tasks' pairs split by whether the checkpoint trained
+    on both sentences, one or neither (``sentcl.evaluation.seen``), and the unseen-STS pairs, each with the
+    reference model's score on the very same pairs; empty when the evaluation did not split."""
+    split = sts_row.get("seen_split") or {}
+    same = split.get("base_same_pairs") or {}
+    rows = []
+    for name, label in (("seen", "both sentences trained on"), ("mixed", "one"), ("unseen", "neither")):
+        row = (split.get("avg") or {}).get(name) or {}
+        if row.get("pairs"):
+            base = (same.get(name) or {}).get("spearman")
+            rows.append(
+                {
+                    "label": f"test pairs, {label}",
+                    "score": row.get("spearman"),
+                    "pairs": row["pairs"],
+                    "base": base,
+                }
+            )
+    unseen = sts_row.get("unseen_sts") or {}
+    if unseen.get("pairs"):
+        base = ((reference or {}).get("unseen_sts") or {}).get("spearman")
+        rows.append(
+            {
+                "label": "unseen STS (no stage read either sentence)",
+                "score": unseen.get("spearman"),
+                "pairs": unseen["pairs"],
+                "base": base,
+            }
+        )
+    return rows
+
+
+def model_card(
+    info: dict[str, Any],
+    params: dict[str, Any],
+    sts_row: dict[str, Any],
+    reference: dict[str, Any] | None = None,
+) -> str:
     """README.md of the release folder, rendered from ``templates/model_card.md.j2``."""
     import jinja2
     import yaml
@@ -181,6 +219,8 @@ def model_card(info: dict[str, Any], params: dict[str, Any], sts_row: dict[str, 
         tasks=tasks,
         protocols=[(p, sts_row[p]) for p in ("all", "mean") if sts_row.get(p)],
         sick_dev=(info.get("dev_scores") or {}).get("sick_dev"),
+        training=info.get("training"),
+        seen=seen_rows(sts_row, reference),
         params_yaml=yaml.safe_dump(params, sort_keys=False).strip(),
     )
 
@@ -199,8 +239,12 @@ def build_release(
     quantize_config: QuantizeConfig | None = None,
     data_root: Path | None = None,
     calibration: list[str] | None = None,
+    training: dict[str, Any] | None = None,
+    reference: str = "base",
 ) -> dict[str, Any]:
-    """Replace ``output`` with ``source``'s files, its ONNX graph, the model card and ``export.json``."""
+    """Replace ``output`` with ``source``'s files, its ONNX graph, the model card and ``export.json``.
+    ``training``: what the checkpoint trained with (``training_record``); ``reference``: the row of ``sts`` the
+    card reads the checkpoint's gains against (the pretrained model)."""
     if output.exists():
         shutil.rmtree(output)
     shutil.copytree(source, output, ignore=shutil.ignore_patterns("onnx", "checkpoint-*", "*.pt"))
@@ -213,6 +257,7 @@ def build_release(
         "sts_all": {k: float(v) for k, v in (sts[checkpoint].get("all") or {}).items()},
         "dev_scores": dev_scores(sts[checkpoint]),  # what the gate guards besides stsb_dev (SICK-R trial)
         "beat_init": beat_init,
+        "training": training,
         "weights_sha256": weight_file_digests(output),
         "git_commit": git_commit,
         "git_dirty": git_dirty,
@@ -231,9 +276,19 @@ def build_release(
             max_length=max_length,
             calibration=calibration,
         )
-    (output / "README.md").write_text(model_card(info, params, sts[checkpoint]))
+    (output / "README.md").write_text(model_card(info, params, sts[checkpoint], sts.get(reference)))
     (output / "export.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def training_record(checkpoint: str, train_metrics_dir: Path) -> dict[str, Any] | None:
+    """What ``checkpoint``'s stage recorded it trained with (``trained`` in its metrics record: objective,
+    settings, the teacher); None for the base model or a record without it."""
+    path = train_metrics_dir / f"{checkpoint}.json"
+    try:
+        return json.loads(path.read_text()).get("trained") if path.is_file() else None
+    except (OSError, ValueError):
+        return None
 
 
 def beat_init_flags(checkpoint: str, train_metrics_dir: Path) -> tuple[bool, bool]:

@@ -95,6 +95,33 @@ def run_metrics(
     }
 
 
+def training_facts(config: TrainConfig, teacher: Any = None) -> dict[str, Any]:
+    """What a run trained with, for its record and the model card: the objective and its main settings, and for
+    distillation the teacher it learned from (name, licence, weights sha256, as the teacher stage recorded)."""
+    facts: dict[str, Any] = {
+        "mode": config.mode,
+        "objective": config.objective,
+        "steps": config.steps,
+        "batch_size": config.batch_size,
+        "lr": config.lr,
+        "freeze": list(config.freeze),
+    }
+    if config.objective == "distill":
+        d = config.distill
+        facts["distill"] = {
+            "loss": d.loss,
+            "examples": d.examples,
+            "neighbours": d.neighbours,
+            "group_weight": d.group_weight,
+            "keep_hardest": d.keep_hardest,
+        }
+        meta = getattr(teacher, "meta", None) or {}
+        facts["teacher"] = {k: meta.get(k) for k in ("model", "source", "licence", "weights_sha256")}
+    elif config.mode != "nli" or config.objective != "ce":
+        facts["views"] = list(config.views)
+    return facts
+
+
 def repo_label(path: str, root: Path) -> str:
     """``path`` relative to ``root`` when inside it: a git-tracked record must not name one machine's paths."""
     resolved = Path(path).resolve()

@@ -220,6 +220,9 @@ def encode(
         "model": model,
         "folder": str(folder) if model != T.NAME else f"{settings.folder}/{T.NAME}",
         "weights_sha256": file_sha256(weights) if weights.is_file() else None,
+        # Known for the packaged teacher only; another folder's licence is its own card's.
+        "licence": T.LICENCE if model == T.NAME else None,
+        "source": T.SOURCE if model == T.NAME else model,
         "dim": int(vectors.shape[1]),
         "pooling": encoder.pooling,
         "max_length": encoder.max_length,
