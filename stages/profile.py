@@ -57,8 +57,9 @@ def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
     ]
 
 
-def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
-    """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off)."""
+def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> dict[str, Any]:
+    """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off); their records
+    (``metrics/train/<stage>.json``), by stage."""
     from sentcl.training.data import TEXT_CHOICES
     from stages import base, joint, pretrain_nli, transfer
 
@@ -89,6 +90,10 @@ def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) ->
     joint.main(common)
     for init in ("base", "nli", "joint"):
         transfer.main([*common, "--init", init, "--raw", str(raw), "--max-texts", "64"])
+    return {
+        path.stem: json.loads(path.read_text())
+        for path in sorted((work / "metrics" / "train").glob("*.json"))
+    }
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,6 +16,7 @@ from sentcl.training.data import nli_triplets
 from sentcl.training.trainer import Trainer
 from stages.training import stage_config
 from stages.transfer import STAGE_KEYS
+from tests.paths import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences, train_config, write_tiny_processed
 
 TEXTS = tiny_sentences(64, seed=1)
@@ -118,11 +119,18 @@ def test_every_view_trains_in_its_modes(tiny_model, mode, views, extra):
 
 
 def test_every_preset_and_objective_trains(tiny_model):
-    fit(tiny_model, mode="transfer", preset="simcse", steps=2)
-    fit(tiny_model, mode="transfer", preset="esimcse", steps=2)
+    """Two steps of each move the encoder's layers (checkpoint selection left out: a tiny model may keep its init)."""
+    init = weights(Encoder.from_pretrained(str(tiny_model)))
     triplets = [(a, b, c) for (a, b, _), (_, c, _) in zip(NLI[::2], NLI[1::2], strict=True)]
-    fit(tiny_model, triplets, mode="nli", objective="sup_simcse", steps=2)
-    fit(tiny_model, NLI, mode="nli", steps=2)
+    for examples, config in (
+        (TEXTS, {"mode": "transfer", "preset": "simcse"}),
+        (TEXTS, {"mode": "transfer", "preset": "esimcse"}),
+        (triplets, {"mode": "nli", "objective": "sup_simcse"}),
+        (NLI, {"mode": "nli"}),
+    ):
+        after = train_steps(tiny_model, 2, examples, **config)
+        moved = [n for n, w in after.items() if ".layer." in n and not torch.equal(w, init[n])]
+        assert len(moved) > len([n for n in init if ".layer." in n]) // 2, config
 
 
 def test_presets_set_their_papers_recipe_and_dropout_is_never_derived_from_views():
@@ -333,7 +341,18 @@ def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
     model = make_tiny_encoder(tmp_path / "hub")
     processed = write_tiny_processed(tmp_path / "processed")
-    profile.main(["--smoke", "--model", str(model), "--processed", str(processed)])
+    profiles = sorted((ROOT / "profiles").glob("*.yaml"))
+    assert profiles
+    for path in profiles:
+        work = tmp_path / path.stem
+        work.mkdir()
+        records = profile.smoke(path, model, processed, profile.SHARED_MIRROR, work)
+        stages = ["joint", "nli", "transfer-base", "transfer-joint", "transfer-nli"]
+        assert sorted(records) == stages, path.name
+        for stage, record in records.items():
+            assert record["steps"] == 2 and record["trained"]["steps"] == 2, (path.name, stage)
+        models = work / "models"
+        assert all((models / name / "config.json").is_file() for name in ("nli", "joint", "transfer-base"))
 
 
 def test_sweep_cells_change_the_views_of_one_recipe_and_keep_its_dropout():
