@@ -181,7 +181,7 @@ def stage_env() -> dict[str, str]:
 
 def teacher_stage(teacher: str, args: argparse.Namespace, text: str, output: Path, extra: list[str]) -> float:
     """The teacher stage on ``text`` into ``output`` (what distill learns from); its wall seconds."""
-    cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text, "--no-benchmark"]
+    cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text]
     cmd += ["--output", str(output), *extra, "--processed", str(args.processed)]
     cmd += ["--params", args.params] if args.params else []
     print(f"bench-domain: teacher {teacher} -> {output.name}", flush=True)

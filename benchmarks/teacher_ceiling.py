@@ -45,7 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parts = [*benchmark.subsets, *benchmark.dev_subsets, *unseen]
     sentences = list(dict.fromkeys(x for p in parts for side in (p.sentences1, p.sentences2) for x in side))
     settings = TeacherConfig.from_params(load_params())
-    t = open_encoder(Path(args.teacher), settings.backend, settings.max_tokens)(sentences)  # as the stage encodes
+    t = open_encoder(Path(args.teacher), settings.backend, settings.max_tokens)(
+        sentences
+    )  # as the stage encodes
     s = FastEncoder(args.student, progress=True)(sentences)
     # the embedding_mse target: the teacher through its top principal axes, one per student dimension (the
     # sentence-transformers distillation example's PCA Dense layer, applied to uncentred vectors)

@@ -166,7 +166,7 @@ def teacher_vectors(
     ``work/teacher``; its record (``teacher.json``). The STS sentences are left out: a retrain reads none."""
     output = work / "teacher"
     cmd = [PY, "-m", "stages.teacher", "--model", model, "--texts", texts, "--output", str(output)]
-    cmd += ["--no-benchmark", "--processed", str(options.get("processed") or PROCESSED)]
+    cmd += ["--processed", str(options.get("processed") or PROCESSED)]
     cmd += (
         ["--domain-dev", str(options["domain_dev"]), "--student", init] if options.get("domain_dev") else []
     )

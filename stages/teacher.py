@@ -1,4 +1,4 @@
-"""Stage ``teacher``: the distillation teacher's vectors of the training text and the STS sentences -> data/teacher.
+"""Stage ``teacher``: the distillation teacher's vectors of the training text -> data/teacher.
 
     python -m stages.teacher                      # DVC stage: params ``teacher``, ``transfer.texts``
     python -m stages.teacher --model DIR --output OUT [--texts FILE_OR_CHOICE]
@@ -6,14 +6,13 @@
 ``teacher.model``: ``none`` (the feature is off: an empty record, nothing loaded), ``all-mpnet-base-v2`` (the
 offline default: from its five PyPI pieces, sha256-checked; ``sentcl.training.teacher_run``), a sentence-transformers
 folder, or a ``models:/name/version`` / ``models:/name@alias`` URI of the registry. The output and its sentences
-(the transfer text, ``transfer.texts`` and ``transfer.max_texts``, and every STS sentence, each once):
-``sentcl.training.teacher_run``.
+(the transfer text, ``transfer.texts`` and ``transfer.max_texts``, each once: only what a later stage reads; the
+teacher's own STS scores are ``python -m benchmarks.teacher_ceiling``'s): ``sentcl.training.teacher_run``.
 
 A retrain (flows/retrain.py, benchmarks/bench_domain.py) adds ``--domain-dev PAIRS``: the pairs' sentences are
 encoded too and ``teacher.json`` records the teacher's Spearman x 100 on them (``domain_dev``), from the stored fp16
 vectors the transfer learns from; ``--student MODEL`` adds the starting model's, encoded the same way, so the
-two numbers differ only by the model. ``--no-benchmark`` leaves out the STS sentences (a retrain reads only its
-text: the ceilings are the DVC stage's business).
+two numbers differ only by the model.
 
 Bad input (a missing package, a hash that does not match, a folder that does not load): one line, exit 2, and
 data/teacher untouched.
@@ -62,7 +61,6 @@ def run(
     processed: Path,
     domain_dev: Path | None = None,
     student: str | None = None,
-    benchmark: bool = True,
     heldout: Path | None = None,
 ) -> dict[str, Any]:
     """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``.
@@ -82,10 +80,8 @@ def run(
         folder = teacher_folder(model, settings, Path(scratch))
         encoder = R.open_encoder(folder, settings.backend, settings.max_tokens)
         tables = load_pairs(processed), load_nli(processed)
-        sentences = R.sentences_to_encode(
-            params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], benchmark, log
-        )
-        record = R.encode(encoder, sentences, model, folder, settings, pairs, student, benchmark)
+        sentences = R.sentences_to_encode(params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], log)
+        record = R.encode(encoder, sentences, model, folder, settings, pairs, student)
     lines = R.agreement_lines(record, held, agreement, params["seed"]) if agreement is not None else None
     R.write_record(record, output, lines)
     for line in R.summary_lines(record):
@@ -112,11 +108,6 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="held-out sentences of the domain text, one a line: encode them and write agreement.tsv",
     )
-    parser.add_argument(
-        "--no-benchmark",
-        action="store_true",
-        help="leave out the STS sentences (a retrain reads only its text)",
-    )
     args = parser.parse_args(argv)
     if args.student and not args.domain_dev:
         fail("teacher: --student is scored on --domain-dev pairs; give them too")
@@ -133,7 +124,6 @@ def main(argv: list[str] | None = None) -> int:
             args.processed,
             args.domain_dev,
             args.student,
-            not args.no_benchmark,
             args.heldout,
         )
     except (T.TeacherError, ParamsError) as exc:

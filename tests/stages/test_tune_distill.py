@@ -41,7 +41,9 @@ def test_summary_is_the_mean_sd_and_range_over_seeds():
 
 def test_a_costlier_variant_must_win_by_more_than_the_seed_spread():
     cheap = summarise(_runs([(0.8, 0.2), (0.9, 0.3), (0.7, 0.1)], 600.0))  # 0.5, 0.6, 0.4: spread 0.2
-    narrow = summarise(_runs([(1.0, 0.4), (1.1, 0.4), (1.0, 0.3)], 1200.0))  # 0.7, 0.75, 0.65: +0.2, spread 0.1
+    narrow = summarise(
+        _runs([(1.0, 0.4), (1.1, 0.4), (1.0, 0.3)], 1200.0)
+    )  # 0.7, 0.75, 0.65: +0.2, spread 0.1
     clear = summarise(_runs([(1.4, 0.6), (1.5, 0.5), (1.4, 0.5)], 2400.0))  # 1.0, 1.0, 0.95: +0.5 over cheap
     best, lines = choose({"long": narrow, "short": cheap})
     assert best == "short" and lines == ["long does not replace short: +0.20 against a seed spread of 0.20"]

@@ -68,7 +68,7 @@ def test_teacher_stage_writes_the_held_out_agreement_pairs_scored_by_its_vectors
         [
             *("--params", str(tmp_path / "params.yaml"), "--texts", str(tmp_path / "text.txt")),
             *("--processed", str(write_tiny_processed(tmp_path / "processed")), "--output", str(output)),
-            *("--heldout", str(tmp_path / "heldout.txt"), "--no-benchmark"),
+            *("--heldout", str(tmp_path / "heldout.txt")),
         ]
     )
     record = TeacherVectors.load(output)

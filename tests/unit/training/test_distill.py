@@ -482,19 +482,14 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
         [
             *("--params", str(tmp_path / "params.yaml"), "--texts", str(tmp_path / "text.txt")),
             *("--processed", str(write_tiny_processed(tmp_path / "processed")), "--output", str(output)),
-            *("--domain-dev", str(tmp_path / "dev.tsv"), "--student", str(tiny_model), "--no-benchmark"),
+            *("--domain-dev", str(tmp_path / "dev.tsv"), "--student", str(tiny_model)),
         ]
     )
     record = TeacherVectors.load(output)
     assert record.sentences == list(dict.fromkeys([*text, *(s for a, b, _ in dev for s in (a, b))]))
     assert record.vectors.dtype == np.float16 and record.vectors.shape == (len(record.sentences), 32)
     meta = record.meta
-    assert (meta["model"], meta["dim"], meta["backend"], meta["benchmark_sentences"]) == (
-        str(teacher),
-        32,
-        "torch",
-        False,
-    )
+    assert (meta["model"], meta["dim"], meta["backend"], meta["licence"]) == (str(teacher), 32, "torch", None)
     assert meta["sentences"] == len(record.sentences) and len(meta["weights_sha256"]) == 64
     scores = meta["domain_dev"]
     assert scores["pairs"] == 4 and scores["student_model"] == str(tiny_model)
