@@ -117,6 +117,8 @@ def curves_png(curves_dir: Path) -> str | None:
     fig, (loss_ax, dev_ax) = plt.subplots(1, 2, figsize=(12, 4.2))
     for path in files:
         rows = _read_csv(path)
+        if not rows:  # a stage not trained on this profile
+            continue
 
         def series(column: str, rows=rows) -> tuple[list[float], list[float]]:
             points = [
@@ -195,6 +197,20 @@ def _training_summary(params: dict[str, Any], checkpoint: str) -> str:
     return f"{objective}; lr {settings.get('lr')}"
 
 
+def stage_lines(records: Path) -> list[str]:
+    """Per training stage (metrics/train/<stage>.json), what it did on this profile: trained (steps, whether it
+    beat its init) or not trained (steps 0) and why."""
+    lines = []
+    for path in sorted(records.glob("*.json")) if records.is_dir() else []:
+        record = _json(path) or {}
+        if record.get("not_trained"):
+            lines.append(f"{path.stem}: not trained, {record['not_trained']}")
+        else:
+            verdict = "beat its init" if record.get("beat_init") else "never beat its init: output = init"
+            lines.append(f"{path.stem}: {record.get('steps')} steps, {verdict}")
+    return lines
+
+
 def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
     """What the first screen says: the exported checkpoint, the registry version and gate, validation, settings."""
     export, registry = _json(metrics / "export.json"), _json(metrics / "registry.json")
@@ -255,6 +271,7 @@ def shipped_facts(metrics: Path, params: dict[str, Any]) -> dict[str, Any]:
         if validate.get("violations") == 0
         else f"FAILED: {validate.get('violations')} violations (reports/validation.json)"
     )
+    facts["stages"] = stage_lines(metrics / "train")
     record = _json(metrics / "train" / f"{name}.json")
     if name == "base" or record is None:
         facts["training"] = "none: the pretrained model itself (no trained checkpoint beat it on STS-B dev)"

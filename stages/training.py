@@ -148,6 +148,9 @@ def run_stage(
     below the init (``sentcl.training.selection.selectable``). ``summary``: counts about the input (e.g.
     truncated lines) that join the metrics. ``teacher``: the teacher's stored vectors, for objective distill."""
     offline_hub()
+    if config.steps == 0:  # not trained on this profile: the init is the output, and no sentence was seen
+        training_data.write_seen(seen_file(stage, Path(metrics_dir)), [])
+        return training_runs.write_untrained(log, stage, init, output, Path(metrics_dir), ROOT)
     training_runs.init_distributed()
     rank, _ = dist_info()
     if rank == 0:

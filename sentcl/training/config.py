@@ -36,7 +36,7 @@ class TrainConfig:
     mode: str  # nli | joint | transfer
     objective: str  # nli: ce (SBERT classifier) | sup_simcse | promptbert; transfer: contrastive | tsdae | promptbert
     loss: str  # the contrastive term: nt_xent (ConSERT, both directions) | info_nce (SimCSE, one way)
-    steps: int  # optimizer steps at most
+    steps: int  # optimizer steps at most; 0: not trained on this profile (the stage writes its init)
     batch_size: int  # sentences (transfer) or pairs (nli, joint) per step, over all ranks
     grad_accum: int  # micro-batches per step; negatives still span the whole batch
     lr: float
@@ -136,7 +136,7 @@ class TrainConfig:
                 "views",
                 "adversarial needs labels: joint mode only, as the second view",
             )
-        need(self.steps >= 1, "steps", "at least 1")
+        need(self.steps >= 0, "steps", "not negative (0: the stage is not trained, its output is its init)")
         contrastive = self.mode == "joint" or self.objective in (
             "contrastive",
             "sup_simcse",

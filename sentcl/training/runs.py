@@ -95,6 +95,27 @@ def run_metrics(
     }
 
 
+def write_untrained(
+    log: logging.Logger, stage: str, init: str, output: Path, metrics_dir: Path, root: Path
+) -> dict[str, Any]:
+    """A stage whose params give it 0 steps: its output is its init, saved as a trained folder would be, and its
+    records say it was not trained (the report says so); nothing is tracked. Returns its metrics."""
+    encoder = Encoder.from_pretrained(init)
+    save_encoder(encoder, output)
+    metrics = {
+        "steps": 0,
+        "best_step": 0,
+        "beat_init": False,
+        "init": repo_label(init, root),
+        "examples": 0,
+        "trained": None,
+        "not_trained": "steps 0 on this profile (params.yaml); profiles/paper.yaml trains ConSERT's recipe",
+    }
+    write_records(stage, [], metrics, metrics_dir)
+    log.info("%s: not trained (steps 0 in params.yaml): output = init %s -> %s", stage, init, output)
+    return metrics
+
+
 def training_facts(config: TrainConfig, teacher: Any = None) -> dict[str, Any]:
     """What a run trained with, for its record and the model card: the objective and its main settings, and for
     distillation the teacher it learned from (name, licence, weights sha256, as the teacher stage recorded)."""

@@ -191,3 +191,14 @@ def test_the_seen_unseen_table_shows_each_split_with_its_pairs(metrics, tmp_path
     assert "Seen and unseen sentences" in page and "Unseen STS : STS-B and SICK train pairs" in page
     assert "base - (0) 74.50 (9000) - (0) 74.11 (750)" in page
     assert "transfer-base 80.25 (8000) 75.00 (900) - (100) 74.31 (750)" in page
+
+
+def test_a_stage_not_trained_on_this_profile_says_so(metrics, tmp_path):
+    (metrics / "train" / "nli.json").write_text(
+        json.dumps({"steps": 0, "beat_init": False, "not_trained": "steps 0 on this profile (params.yaml)"})
+    )
+    (metrics / "train" / "transfer-joint.json").write_text(json.dumps({"steps": 30, "beat_init": False}))
+    page = " ".join(" ".join(visible(report.render(metrics, tmp_path / "plots", params())).text).split())
+    assert "nli: not trained, steps 0 on this profile (params.yaml)" in page
+    assert "transfer-base: 30 steps, beat its init" not in page  # its record does not say it beat its init
+    assert "transfer-joint: 30 steps, never beat its init: output = init" in page

@@ -380,3 +380,29 @@ def test_aug_grid_single_cells_are_each_view_with_itself_and_with_none():
     assert ("none", "none") in single and ("token_cutoff", "token_cutoff") in single
     assert ("token_cutoff", "none") in single and ("none", "token_cutoff") not in single
     assert ("shuffle", "token_cutoff") not in single and len(single) == 9
+
+
+def test_a_stage_with_zero_steps_writes_its_init_untrained(tmp_path, monkeypatch):
+    """steps 0 (a stage the default profile does not train): the output holds the init's weights, the record says
+    why, no sentence is recorded as seen, and no training ran."""
+    from stages import pretrain_nli
+
+    monkeypatch.setenv("SENTCL_MLFLOW", "0")
+    init = make_tiny_encoder(tmp_path / "hub")
+    processed = write_tiny_processed(tmp_path / "processed")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["pretrain_nli"]["steps"] = 0
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    metrics = tmp_path / "metrics"
+    pretrain_nli.main(
+        [
+            *("--params", str(tmp_path / "params.yaml"), "--processed", str(processed), "--init", str(init)),
+            *("--output", str(tmp_path / "nli"), "--metrics-dir", str(metrics)),
+        ]
+    )
+    before, after = (weights(Encoder.from_pretrained(str(p))) for p in (init, tmp_path / "nli"))
+    assert_same_weights(before, after)
+    record = json.loads((metrics / "train" / "nli.json").read_text())
+    assert record["steps"] == 0 and record["trained"] is None and "steps 0" in record["not_trained"]
+    assert (metrics / "seen" / "nli.txt").read_text() == ""
+    assert list(csv.reader((metrics / "curves" / "nli.csv").open())) == [["step", "loss", "lr", "stsb_dev"]]
