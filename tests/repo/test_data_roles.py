@@ -62,10 +62,6 @@ def trained(tables):
 def test_no_selection_pair_is_a_test_pair_and_no_unseen_sentence_was_read(tables, read_sets, trained):
     pairs, _ = tables
     unseen = roles.unseen_check(pairs, trained)
-    # What each reader holds is one set: the tuning, benchmark and gate copies of a selection set agree.
-    assert read_sets["tuning stsb_dev"] == read_sets["gate stsb_dev"]
-    assert read_sets["tuning sick_trial"] == read_sets["gate sick_trial"]
-    assert [p[:2] for p in read_sets["benchmark sick_trial"]] == [p[:2] for p in read_sets["gate sick_trial"]]
     for name in ("tuning", "benchmark", "gate"):
         assert (
             roles.role_violations(
@@ -79,7 +75,12 @@ def test_no_selection_pair_is_a_test_pair_and_no_unseen_sentence_was_read(tables
             )
             == []
         ), name
-    assert len(unseen) > 600  # 692 when this was written: the unseen check is not empty
+    assert len(unseen) > 600  # 689 when this was written: the unseen check is not empty
+    # What each reader holds is one set: the tuning, benchmark and gate copies of a selection set agree.
+    assert read_sets["tuning stsb_dev"] == read_sets["gate stsb_dev"]
+    assert read_sets["tuning sick_trial"] == read_sets["gate sick_trial"]
+    assert [p[:2] for p in read_sets["benchmark sick_trial"]] == [p[:2] for p in read_sets["gate sick_trial"]]
+
 
 
 @pytest.mark.parametrize("into", ["tuning sick_trial", "benchmark sick_trial", "gate sick_trial"])
