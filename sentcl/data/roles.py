@@ -25,6 +25,7 @@ sentence2, score):
 from __future__ import annotations
 
 import unicodedata
+from functools import lru_cache
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -43,6 +44,7 @@ Pair = tuple[str, str]
 ScoredPairs = list[tuple[str, str, float]]
 
 
+@lru_cache(maxsize=1 << 17)  # the evaluated sets repeat their sentences across calls: each is keyed once
 def normalise(sentence: str) -> str:
     """The key "same sentence" is decided by: accents folded (NFKD, combining marks dropped), case-folded,
     punctuation and symbols dropped (Unicode categories P* and S*: BERT's tokenizer splits both off as
