@@ -152,3 +152,80 @@ def test_a_registered_copy_whose_registry_is_gone_is_not_loaded_unchecked(regist
         store._configured = None
         store.client()  # back to the session's store
     shutil.rmtree(copy)
+
+
+def _load_in_a_process(uri: str, cwd: Path) -> str:
+    """``mlflow.pyfunc.load_model(uri)`` as any caller runs it, in a process of its own (writing bytecode, as
+    Python does by default): its last line, the error's type and message or 'loaded'."""
+    probe = (
+        "import sys; sys.dont_write_bytecode = False\nimport mlflow\n"
+        f"try: mlflow.pyfunc.load_model({uri!r})\n"
+        "except Exception as e: print(type(e).__name__, e)\n"
+        "else: print('loaded')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=cwd,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_changed_serving_code_in_the_store_never_runs_on_a_direct_load(registered, tmp_path):
+    """The model's own code changed where it is stored: `mlflow.pyfunc.load_model("models:/...")` refuses it
+    before MLflow imports it (sentcl_mlflow.verified_models checks the download), so it never runs: the
+    marker it would write stays absent, and the error is one line."""
+    import mlflow
+
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))  # the store's own folder
+    code = source / "pyfunc_encoder.py"
+    original = code.read_bytes()
+    marker = tmp_path / "the-changed-code-ran"
+    code.write_bytes(original + f"\nopen({str(marker)!r}, 'w').write('ran')\n".encode())  # runs on import
+    try:
+        last = _load_in_a_process(registered["uri"], tmp_path)
+    finally:
+        code.write_bytes(original)
+    assert not marker.exists()
+    assert last == (
+        f"ModelTamperedError {registered['uri']}: pyfunc_encoder.py changed since registration "
+        "(manifest sha256 mismatch); refusing to load it"
+    )
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # as registered: loads (and again)
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"
+
+
+def test_planted_bytecode_beside_the_serving_code_never_runs(registered, tmp_path):
+    """A ``.pyc`` that Python would run instead of the verified source (an unchecked hash-based one is never
+    compared with its source): refused before the import, the marker stays absent."""
+    import importlib.util
+    import py_compile
+
+    import mlflow
+
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))
+    marker = tmp_path / "the-planted-bytecode-ran"
+    evil = tmp_path / "pyfunc_encoder.py"
+    evil.write_bytes(
+        (source / "pyfunc_encoder.py").read_bytes() + f"\nopen({str(marker)!r}, 'w').write('ran')\n".encode()
+    )
+    cache = Path(importlib.util.cache_from_source(str(source / "pyfunc_encoder.py")))
+    kept = cache.read_bytes() if cache.exists() else None
+    py_compile.compile(
+        str(evil), cfile=str(cache), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    try:
+        last = _load_in_a_process(registered["uri"], tmp_path)
+    finally:
+        if kept is None:
+            cache.unlink()
+        else:
+            cache.write_bytes(kept)
+    assert not marker.exists()
+    assert last.startswith(f"ModelTamperedError {registered['uri']}: __pycache__/pyfunc_encoder.") and (
+        "added since registration (bytecode that is not its verified source's)" in last
+    ), last
