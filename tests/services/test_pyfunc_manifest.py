@@ -28,9 +28,9 @@ ENCODER = "artifacts/tiny-bert"  # the artifact `encoder`, under its folder's na
 SENTENCES = ["a man is playing a guitar", "a dog is running"]
 
 
-@pytest.fixture(scope="module")
-def registered(tiny_model):
-    import mlflow
+def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:
+    """``tiny_model`` logged the export stage's way (``runs.log_pyfunc_run``) and registered as ``name`` in the
+    store in use, its manifest recorded: (``models:/name/version``, the vectors of SENTENCES)."""
     from sentence_transformers import SentenceTransformer
 
     from sentcl.registry.rules import weight_file_digests, weights_fingerprint
@@ -55,13 +55,20 @@ def registered(tiny_model):
         model_uri,
         80.0,
         TABLE,
-        name=NAME,
+        name=name,
         run_id=run_id,
         tags={"weights_sha256": json.dumps(digests)},
         weights_sha256=weights_fingerprint(digests),
     )
-    uri = f"models:/{NAME}/{version}"
-    tags = mlflow.MlflowClient().get_model_version(NAME, version).tags
+    return f"models:/{name}/{version}", expected
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_model):
+    import mlflow
+
+    uri, expected = register_tiny_pyfunc(tiny_model, NAME)
+    tags = mlflow.MlflowClient().get_model_version(NAME, uri.rsplit("/", 1)[1]).tags
     return {"uri": uri, "expected": expected, "manifest": json.loads(tags[pyfunc_checks.TAG_MANIFEST])}
 
 
@@ -195,10 +202,10 @@ def test_changed_serving_code_in_the_store_never_runs_on_a_direct_load(registere
         f"ModelTamperedError {registered['uri']}: pyfunc_encoder.py changed since registration "
         "(manifest sha256 mismatch); refusing to load it"
     )
-    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # as registered: loads (and again)
-    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # as registered: loads
 
 
+@pytest.mark.slow  # a process of its own that loads MLflow and torch
 def test_planted_bytecode_beside_the_serving_code_never_runs(registered, tmp_path):
     """A ``.pyc`` that Python would run instead of the verified source (an unchecked hash-based one is never
     compared with its source): refused before the import, the marker stays absent."""
