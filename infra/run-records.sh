@@ -6,6 +6,7 @@
 # It is ours while that PID still has that start time: exec (a wrapper script that execs the server) keeps it,
 # and a PID the system has given to another process has another. Each runs in a session of its own, whose
 # process group is its PID: what it started (a server's workers) is ended with it, even after it died.
+# serve.sh runs with errexit: every function here returns a status only where a caller tests it.
 
 started_at() {  # pid: its start time; nothing when it is gone or a zombie (a crashed leader nobody reaped)
   local stat
@@ -39,7 +40,7 @@ end_group() {  # pid: what is left of a session whose leader is gone: TERM, up t
   local _
   kill -TERM -- "-$1" 2>/dev/null || return 0
   for _ in $(seq 1 20); do group_left "$1" >/dev/null || break; sleep 0.5; done
-  kill -KILL -- "-$1" 2>/dev/null
+  kill -KILL -- "-$1" 2>/dev/null || true
   return 0
 }
 
@@ -72,15 +73,15 @@ end_process() {  # name: stop it if it is ours (TERM, 20 s, KILL), end what is l
   # whole group at once makes them receive it twice. Prefect's worker takes TERM or INT as "stop polling, then
   # exit"; after it has run a flow, Prefect 3.9's worker can stay in its event loop: a second signal is
   # Prefect's own "force" path.
-  kill -TERM "$pid" 2>/dev/null
+  kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
   if [[ "$name" == worker ]] && kill -0 "$pid" 2>/dev/null; then
-    kill -INT "$pid" 2>/dev/null
+    kill -INT "$pid" 2>/dev/null || true
     for _ in $(seq 1 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     forced=" on a second signal"
   fi
   if kill -0 "$pid" 2>/dev/null; then
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null
+    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
     echo "stop: $name (pid $pid) killed: it did not exit on TERM"
   else
     echo "stop: $name (pid $pid) stopped$forced"

@@ -149,7 +149,7 @@ fi
 if [[ "$(cat "$RUN/serve.state" 2>/dev/null)" == starting ]]; then
   echo "serve: the last make serve was interrupted before it was ready; stopping what it started first"
   for name in watcher worker gate mlflow-server prefect-server; do
-    if [[ -f "$RUN/$name.pid" ]]; then end_process "$name"; fi
+    if [[ -f "$RUN/$name.pid" ]]; then end_process "$name" || true; fi
   done
 fi
 echo starting >"$RUN/serve.state"
@@ -172,7 +172,7 @@ start() {  # name, command...: own session (so stop can end its children too), p
     # It crashed (or its PID now belongs to another program). What is left of its own session (a server's
     # workers, which would keep the port) is ended first.
     echo "serve: $name (pid $(cat "$RUN/$name.pid")) is gone; starting it again"
-    end_process "$name" >/dev/null
+    end_process "$name" >/dev/null || true
   fi
   LOG_FROM[$name]=$(($(stat -c %s "$RUN/$name.log" 2>/dev/null || echo 0) + 1))
   if [[ -n "${START_STDIN:-}" ]]; then  # a secret for its stdin (a shell variable: in no environ, no argv)
