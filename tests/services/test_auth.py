@@ -628,7 +628,7 @@ with get_client(sync_client=True) as client:
 
 def test_the_pools_template_refuses_job_variables_that_change_the_command(prefect_auth_server):
     """With the Prefect auth string alone, a flow run cannot run another command on the worker, change its
-    environment (the gate's MLflow account goes where MLFLOW_TRACKING_URI says) or its working directory."""
+    environment (the registrar's MLflow account goes where MLFLOW_TRACKING_URI says) or its working directory."""
     env = {
         **os.environ,
         "PREFECT_API_URL": prefect_auth_server,
