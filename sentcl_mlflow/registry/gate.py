@@ -165,8 +165,9 @@ def judge_candidate(
     """The gate process's gate (``gatekeeper.judge``): ``source`` version ``version`` (a version of the
     candidates model) against the champion of ``config.model_name``, under ``lease``, that model's promotion
     lease, which the caller holds. As ``promote`` gates, and: the candidate's weights tag must name its
-    verified files; on "promoted" the version is copied into ``config.model_name``, the copy verified, and
-    ``champion`` set there; the verdict is tagged on the candidate."""
+    verified files; on "promoted" the gate registers its own upload of the files it scored as a version of
+    ``config.model_name`` (``owned.register_owned``), verifies it and sets ``champion`` there; the verdict is
+    tagged on the candidate."""
     make_scorer = _scorer(params, dev_pairs, domain_dev, None)
     caller = (caller_identity(), None)
     return _gate_locked(
@@ -188,7 +189,8 @@ def _gate_locked(
 ) -> dict[str, Any]:
     """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None). ``source``: the
     registered model the candidate lives in when it is not ``name`` (the gate process judges the candidates
-    model's versions): on promotion it is copied into ``name``, the copy verified, and ``champion`` set there."""
+    model's versions): on promotion the gate's own upload of the files it scored becomes a version of ``name``,
+    verified, and ``champion`` is set there."""
     started = time.time()
     source = source or name
     cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
@@ -320,7 +322,7 @@ def _decide(
     gate_tags.update(measured_tags)  # gate.stsb_dev, gate.sick_dev, gate.domain_dev, gate.champion_*
     tagged = [(source, str(cand.version))]
     if promoted and source != name:
-        # The production copy first: the candidate's gate.decision is what a waiting registrar reads as done.
+        # The production version first: the candidate's gate.decision is what a waiting registrar reads as done.
         mlc.set_model_version_tag(name, target, "gate.candidate", f"{source}/{cand.version}")
         gate_tags["gate.champion_version"] = target  # on the candidate: which production version it became
         tagged.insert(0, (name, target))

@@ -9,9 +9,15 @@ The worker, its flow runs and their stages hold the registrar's account: they re
 against its registration manifest and its weights tag before anything is decided from its tags, the champion
 checked the same way, both scored by the gate itself on STS-B dev, SICK-R
 trial and the candidate's domain (or teacher-agreement) pairs when its registration logged some, compared by
-``gate_decision``. On "promoted" the version is copied into the production model (the copy keeps the source
-files and the manifest), the copy verified, and ``champion`` set there. The verdict and the gate's scores are
-tags on the candidate (``gate.*``; a tampered one ``sentcl.state=refused``); one log line per decision.
+``gate_decision``. On "promoted" the production version is the gate's own upload of exactly the files it scored
+(``owned.register_owned``), verified, and ``champion`` is set there. The verdict and the gate's scores are tags
+on the candidate (``gate.*``; a tampered one ``sentcl.state=refused``); one log line per decision. Every poll
+it also checks the champion's stored files against its record and, when they changed, restores the previous
+verified champion itself (``champion``).
+
+Nothing the worker can write reaches it unchecked: the dev pairs (``data/processed``, a pipeline output) are
+opened without following a link (``read_regular``) and copied once into the gate's own scratch (``--scratch``,
+0700; `make serve`: ``.run/gate``, which the worker's sandbox cannot see).
 
 A candidate asks for nothing but "look at me": which version, which files, which dev pairs and which rules
 are the gate's. At start the process makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so another
