@@ -133,45 +133,36 @@ def read_regular(base: Path, rel: str) -> bytes | None:
     import errno
     import stat
 
-    parts = Path(rel).parts
-    flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-    refused = (
+    refused = GateDevSetError(
         f"{base / rel} is not a regular file under {base} (a symbolic link, or a folder on the way is one): the "
         "gate reads only regular files there; refused"
     )
-    try:
-        fd = os.open(base, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
-    except FileNotFoundError:
-        return None
-    try:
-        for part in parts[:-1]:
-            try:
-                inner = os.open(part, flags | os.O_DIRECTORY, dir_fd=fd)
-            except FileNotFoundError:
-                return None
-            except OSError as e:
-                if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise GateDevSetError(refused) from None
-                raise
-            os.close(fd)
-            fd = inner
+
+    def below(fd: int, name: str, flags: int) -> int | None:  # one step down, never through a link
         try:
-            file_fd = os.open(parts[-1], flags | os.O_NONBLOCK, dir_fd=fd)
+            return os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | flags, dir_fd=fd)
         except FileNotFoundError:
             return None
-        except OSError as e:
-            if e.errno in (errno.ELOOP, errno.ENXIO):
-                raise GateDevSetError(refused) from None
+        except OSError as e:  # a link (ELOOP), a file where a folder should be, a FIFO with no writer
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                raise refused from None
             raise
-        try:
-            if not stat.S_ISREG(os.fstat(file_fd).st_mode):
-                raise GateDevSetError(refused)
-            with os.fdopen(file_fd, "rb", closefd=False) as f:
-                return f.read()
-        finally:
-            os.close(file_fd)
+
+    *folders, name = Path(rel).parts
+    opened = [os.open(base, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)] if base.is_dir() else []
+    try:
+        for step, flags in [*((f, os.O_DIRECTORY) for f in folders), (name, os.O_NONBLOCK)]:
+            fd = below(opened[-1], step, flags) if opened else None
+            if fd is None:
+                return None
+            opened.append(fd)
+        if not stat.S_ISREG(os.fstat(opened[-1]).st_mode):
+            raise refused
+        with os.fdopen(opened[-1], "rb", closefd=False) as f:
+            return f.read()
     finally:
-        os.close(fd)
+        for fd in opened:
+            os.close(fd)
 
 
 class PinnedDevPairs:

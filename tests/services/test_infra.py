@@ -732,7 +732,8 @@ def test_make_serve_killed_mid_start_is_cleaned_up_by_the_next_and_make_stop_lea
     run.mkdir(mode=0o700)
     (run / "gate.log").write_text("gate: a line from an earlier run\n")
     marker = f"SENTCL_RUN_DIR={run}".encode()
-    make = ["make", "--no-print-directory", f"VENV={env['VENV']}"]
+    # -o setup: the test's .venv as it is (a tree newer than its install stamp would reinstall into it).
+    make = ["make", "--no-print-directory", "-o", "setup", f"VENV={env['VENV']}"]
     first = subprocess.Popen(
         [*make, "serve"],
         cwd=ROOT,
@@ -748,6 +749,11 @@ def test_make_serve_killed_mid_start_is_cleaned_up_by_the_next_and_make_stop_lea
                 break
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(30)
+        # What it started runs on: MLflow finishes starting (its wrapper script has exec'd the server by then).
+        deadline = time.monotonic() + 180
+        while not _answers(f"http://127.0.0.1:{mlflow_port}/health"):
+            assert time.monotonic() < deadline, "the interrupted serve's MLflow never answered"
+            time.sleep(1)
         left = _processes_with(marker)
         assert left, (
             "the interrupted make serve left nothing running: the test did not interrupt it mid-start"

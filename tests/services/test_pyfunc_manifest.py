@@ -28,28 +28,33 @@ ENCODER = "artifacts/tiny-bert"  # the artifact `encoder`, under its folder's na
 SENTENCES = ["a man is playing a guitar", "a dog is running"]
 
 
-def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:
-    """``tiny_model`` logged the export stage's way (``runs.log_pyfunc_run``) and registered as ``name`` in the
-    store in use, its manifest recorded: (``models:/name/version``, the vectors of SENTENCES)."""
-    from sentence_transformers import SentenceTransformer
-
-    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
-
+def log_tiny_pyfunc(tiny_model: Path, example_output: object) -> tuple[str, str]:
+    """``tiny_model`` logged the export stage's way (``runs.log_pyfunc_run``): (run id, model URI)."""
     store._configured = None
-    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)
     # Python as a user's shell runs it, writing bytecode (PYTHONDONTWRITEBYTECODE, set here, hid a bug).
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "dont_write_bytecode", False)
-        run_id, model_uri = runs.log_pyfunc_run(
+        return runs.log_pyfunc_run(
             "export",
             {"model": "tiny"},
             {"stsb_dev": 1.0},
             model_file=PYFUNC_MODEL,
             artifacts={"encoder": tiny_model},
             input_example=SENTENCES,
-            example_output=expected,
+            example_output=example_output,
             pip_requirements=["mlflow"],
         )
+
+
+def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:
+    """``tiny_model`` logged (``log_tiny_pyfunc``) and registered as ``name`` in the store in use, its manifest
+    recorded: (``models:/name/version``, the vectors of SENTENCES)."""
+    from sentence_transformers import SentenceTransformer
+
+    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
+
+    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)
+    run_id, model_uri = log_tiny_pyfunc(tiny_model, expected)
     digests = weight_file_digests(tiny_model)
     version = register_candidate(
         model_uri,
@@ -150,14 +155,18 @@ def test_a_registered_copy_whose_registry_is_gone_is_not_loaded_unchecked(regist
 
     copy = Path(mlflow.artifacts.download_artifacts(registered["uri"], dst_path=str(tmp_path / "m")))
     empty = tmp_path / "other.db"
-    mlflow.set_tracking_uri(f"sqlite:///{empty}")
+    session_store = os.environ["MLFLOW_TRACKING_URI"]
+    mlflow.set_tracking_uri(f"sqlite:///{empty}")  # MLflow exports it in MLFLOW_TRACKING_URI too
     mlflow.set_registry_uri(f"sqlite:///{empty}")
     try:
         with pytest.raises(pyfunc_checks.ManifestUnavailableError, match="refusing to load it unchecked"):
             mlflow.pyfunc.load_model(str(copy))
-    finally:
+    finally:  # back to the session's store, for the tests after this one
+        os.environ["MLFLOW_TRACKING_URI"] = session_store
+        mlflow.set_tracking_uri(session_store)
+        mlflow.set_registry_uri(session_store)
         store._configured = None
-        store.client()  # back to the session's store
+        store.client()
     shutil.rmtree(copy)
 
 

@@ -18,7 +18,7 @@ from tests.paths import ROOT
 SANDBOX = ROOT / "infra" / "worker-sandbox.sh"
 
 # What the program inside reports: each attempt and whether it worked.
-PROBE = """
+ATTEMPTS = """
 import json, os, sys
 def attempt(fn):
     try:
@@ -29,6 +29,10 @@ def attempt(fn):
 def write(path):
     with open(path, "w") as f:
         f.write("x")
+"""
+PROBE = (
+    ATTEMPTS
+    + """
 checkout, outsider = sys.argv[1], int(sys.argv[2])
 print(json.dumps({
     "output": attempt(lambda: write(os.path.join(checkout, "out", "made.txt"))),
@@ -42,6 +46,7 @@ print(json.dumps({
     "capabilities": open("/proc/self/status").read().split("CapEff:")[1].split()[0],
 }))
 """
+)
 
 
 def _checkout(tmp_path: Path) -> Path:
@@ -181,17 +186,9 @@ def test_an_ordinary_user_gets_the_same_sandbox_through_a_user_namespace(tmp_pat
 
 UNPRIVILEGED = "sentcl-sandbox-test"  # made with useradd by the test that needs it (root only)
 
-PRIVATE = """
-import json, os, stat, sys
-def attempt(fn):
-    try:
-        fn()
-        return True
-    except OSError:
-        return False
-def write(path):
-    with open(path, "w") as f:
-        f.write("x")
+PRIVATE = (
+    ATTEMPTS
+    + """
 home, planted = sys.argv[1], sys.argv[2]
 mounts = {line.split()[1]: line.split()[3].split(",") for line in open("/proc/self/mounts")}
 print(json.dumps({
@@ -205,6 +202,7 @@ print(json.dumps({
     "nodev": sorted(path for path in ("/tmp", "/dev/shm", os.path.abspath("out")) if "nodev" in mounts.get(path, [])),
 }))
 """
+)
 
 
 def test_as_root_the_sandbox_runs_as_an_unprivileged_account_with_a_private_tmp(tmp_path):
