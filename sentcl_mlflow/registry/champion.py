@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import REFUSED, TAG_ROLLED_BACK, TAG_STATE
 from sentcl_mlflow.errors import GateRefusedError
-from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, file_sha256
+from sentcl_mlflow.pyfunc_checks import DOWNLOAD_META, TAG_MANIFEST, compiled_from, file_sha256
 from sentcl_mlflow.registry.measure import refuse, verified_download
 from sentcl_mlflow.registry.names import CHAMPION, _now, _version_or_none
 from sentcl_mlflow.registry.owned import TAG_SIZES
@@ -71,9 +71,13 @@ def champion_problem(
     sizes = json.loads((champ.tags or {}).get(TAG_SIZES) or "{}")
     location = mlc.get_model_version_download_uri(name, str(champ.version))
     stored = _listing(mlc, location)
+    stored.pop(DOWNLOAD_META, None)  # MLflow's note where a client loaded a local store in place
+    # Python's cache beside the code, where a model was loaded in place: allowed only as the compile of its
+    # verified source (checked below, as a load checks it).
+    bytecode = {rel for rel in stored.keys() - manifest.keys() if "__pycache__" in Path(rel).parts}
     for label, names in (
         ("missing", manifest.keys() - stored.keys()),
-        ("added", stored.keys() - manifest.keys()),
+        ("added", stored.keys() - manifest.keys() - bytecode),
     ):
         if names:
             return champ, f"{what}: {sorted(names)[0]} {label} since registration; refusing to load it"
@@ -88,6 +92,12 @@ def champion_problem(
                 return (
                     champ,
                     f"{what}: {rel} changed since registration (manifest sha256 mismatch); refusing to load it",
+                )
+        for rel in sorted(bytecode):
+            if not compiled_from(Path(repo.download_artifacts(rel, tmp))):
+                return (
+                    champ,
+                    f"{what}: {rel} added since registration (bytecode that is not its verified source's)",
                 )
     return None
 

@@ -245,3 +245,51 @@ def test_planted_bytecode_beside_the_serving_code_never_runs(registered, tmp_pat
     assert last.startswith(f"ModelTamperedError {registered['uri']}: __pycache__/pyfunc_encoder.") and (
         "added since registration (bytecode that is not its verified source's)" in last
     ), last
+
+
+@pytest.mark.slow  # a process of its own that loads MLflow and torch
+def test_the_gates_watch_of_the_champion_tells_a_load_in_place_from_a_change(registered, tmp_path):
+    """The gate process's check of the champion's stored files (``registry.champion.champion_problem``), on a local
+    store that a load in place wrote Python's cache and MLflow's note into: no false alarm; a changed serving
+    file, or foreign bytecode beside it, is found by the quick check as by the full one."""
+    import importlib.util
+    import py_compile
+
+    import mlflow
+
+    from sentcl_mlflow.registry.champion import champion_problem
+
+    mlc = mlflow.MlflowClient()
+    name, version = registered["uri"].removeprefix("models:/").split("/")
+    mlc.set_registered_model_alias(name, "champion", version)
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # writes __pycache__ into the store
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))
+    assert list(source.rglob("__pycache__")) and (source / "registered_model_meta").exists()
+    for full in (False, True):
+        assert champion_problem(mlc, name, tmp_path, full=full) is None, full
+    code = source / "pyfunc_encoder.py"
+    original = code.read_bytes()
+    cache = Path(importlib.util.cache_from_source(str(code)))
+    cached = cache.read_bytes()
+    try:
+        changed = original.replace(b"one vector per sentence", b"one vector per SENTENCE", 1)
+        assert len(changed) == len(original) and changed != original  # same size: only the hash tells
+        code.write_bytes(changed)
+        for full in (False, True):
+            found = champion_problem(mlc, name, tmp_path, full=full)
+            assert found is not None and "pyfunc_encoder.py changed since registration" in found[1], (
+                full,
+                found,
+            )
+        code.write_bytes(original)
+        evil = tmp_path / "pyfunc_encoder.py"
+        evil.write_bytes(original + b"\nimport os\n")
+        py_compile.compile(
+            str(evil), cfile=str(cache), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+        )
+        found = champion_problem(mlc, name, tmp_path)
+        assert found is not None and "bytecode that is not its verified source's" in found[1], found
+    finally:
+        code.write_bytes(original)
+        cache.write_bytes(cached)
+        mlc.delete_registered_model_alias(name, "champion")

@@ -1,6 +1,6 @@
 """`python -m sentcl_mlflow.serve` against a hostile client, over real HTTP on 127.0.0.1: the real CLI in its own
 process, serving a tiny encoder logged and registered the export stage's way in the session's scratch store, with
-params.yaml's ``serve:`` limits (a copy of params.yaml per server). Every loop is bounded."""
+params.yaml's ``serve:`` limits (a copy of params.yaml per server). Every loop is bounded. Marked slow."""
 
 from __future__ import annotations
 
@@ -24,6 +24,9 @@ from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_pyfunc_manifest import SENTENCES, register_tiny_pyfunc
 from tests.services.test_registry import free_port
+
+# Slow (`make test-all`): a registration, two servers of their own and tens of seconds of waiting on purpose.
+pytestmark = pytest.mark.slow
 
 LIMITS = {"max_body_bytes": 1 << 20, "max_sentences": 64, "max_sentence_chars": 200}
 GROWTH_BOUND = 64 << 20  # what a 50 MB body may add to the server's peak memory (VmHWM): 64 MiB
