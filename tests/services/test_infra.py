@@ -148,7 +148,8 @@ def test_serve_and_stop_scripts_bind_loopback_only():
     assert (
         'PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"' in serve and 'HOST="${MLFLOW_HOST:-127.0.0.1}"' in serve
     )
-    assert "kill" in (INFRA / "stop.sh").read_text() and ".pid" in (INFRA / "stop.sh").read_text()
+    stop = (INFRA / "stop.sh").read_text() + (INFRA / "run-records.sh").read_text()
+    assert "kill" in stop and ".pid" in stop and ".start" in stop
 
 
 # ------------------------------------------------------------------------------ security, statically
@@ -316,8 +317,9 @@ def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_aut
     serve = (
         INFRA / "serve.sh"
     ).read_text()  # a missing secret: tests/services/test_serve_secrets.py runs the refusal
-    # .env is parsed, never sourced nor exported wholesale.
-    assert not re.search(r"^\s*(source|\.)\s", serve, re.M) and "set -a" not in serve
+    # .env is parsed, never sourced nor exported wholesale: the one file serve.sh sources is its own helpers.
+    assert re.findall(r"^\s*(?:source|\.)\s+(\S+)", serve, re.M) == ["infra/run-records.sh"]
+    assert "set -a" not in serve
     assert (
         "PREFECT_SERVER_API_AUTH_STRING=" in serve and "PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true" in serve
     )
