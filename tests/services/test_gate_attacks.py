@@ -126,7 +126,8 @@ def _champion(mlc) -> str | None:  # noqa: ANN001
         return None
 
 
-def _verdict(mlc, version: str, seconds: float = 240) -> dict:  # noqa: ANN001
+def _verdict(mlc, version: str, seconds: float = 900) -> dict:  # noqa: ANN001
+    """The gate's verdict (it scores 20,000 pairs per model: minutes on a loaded 2-core machine)."""
     from sentcl_mlflow.registry.gatekeeper import verdict
 
     deadline = time.monotonic() + seconds
@@ -317,7 +318,7 @@ def test_files_and_tags_swapped_while_the_gate_scores_never_become_champion(
     version_box: list[str] = []
 
     def swap() -> None:
-        if not _gate_scoring_started(served, 240) or not version_box:
+        if not _gate_scoring_started(served, 900) or not version_box:
             return
         version = version_box[0]
         repo = get_artifact_repository(mlc.get_model_version_download_uri(CANDIDATES, version))
