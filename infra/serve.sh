@@ -16,7 +16,8 @@
 # The gate's password is read from the environment of `make serve` only: a .env that holds it is refused,
 # because the worker's flow runs run as this OS user and could read the file (docs: Security).
 # Safe to run again: what runs is left running, what crashed (a stale PID) is started again, setup is
-# idempotent. PIDs, command lines and logs go to .run/ (0700); `make stop` (infra/stop.sh) ends them.
+# idempotent; after a make serve that was interrupted before it was ready, what it started is stopped first.
+# PIDs, start times, command lines and logs (appended) go to .run/ (0700); `make stop` (infra/stop.sh) ends them.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
@@ -72,9 +73,10 @@ if [[ "$SENTCL_REGISTRAR_USER" == "$SENTCL_GATE_USER" ]]; then
 fi
 MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"
-# A value left from .env.example, or one short enough to guess, would make a public operator credential (the
-# Prefect auth string starts any deployment; MLflow checks its own passwords, Prefect and Flask check none).
-# Refused before anything starts, naming the key: a value is never printed.
+# A value left from .env.example, or one easy to guess (shorter than 16 characters, spaces only, or one character
+# repeated), would make a public operator credential (the Prefect auth string starts any deployment; MLflow checks
+# its own passwords, Prefect and Flask check none). Refused before anything starts, naming the key: a value is
+# never printed. `auth setup` applies the same rule to the accounts' passwords (sentcl_mlflow.auth).
 MIN_SECRET=16
 shopt -s nocasematch
 for key in "${SERVE_KEYS[@]}"; do
@@ -89,13 +91,19 @@ for key in "${SECRET_KEYS[@]}"; do
   value="${!key}"
   [[ -z "$value" ]] && continue                             # only the optional teammate's can be empty here
   [[ "$key" == PREFECT_AUTH_STRING ]] && value="${value#*:}"  # user:password: the password is the secret
-  if (( ${#value} < MIN_SECRET )); then
-    what="$key"; [[ "$key" == PREFECT_AUTH_STRING ]] && what="the password of $key (user:password)"
-    echo "serve: $what is shorter than $MIN_SECRET characters: use a long random one" \
+  what="$key"; [[ "$key" == PREFECT_AUTH_STRING ]] && what="the password of $key (user:password)"
+  problem=""
+  if (( ${#value} < MIN_SECRET )); then problem="is shorter than $MIN_SECRET characters"
+  elif [[ -z "${value//[[:space:]]/}" ]]; then problem="is blank (spaces only)"
+  elif [[ -z "${value//"${value:0:1}"/}" ]]; then problem="is one character repeated"
+  fi
+  if [[ -n "$problem" ]]; then
+    echo "serve: $what $problem: use a long random one" \
       "(python3 -c 'import secrets; print(secrets.token_urlsafe(24))')" >&2
     exit 2
   fi
 done
+unset problem what
 unset value
 # Shell variables from here on, never exported: a process gets a secret only where it is named below. The
 # caller's own copies of other secrets (compose's, a personal MLflow login) are not passed on either.
@@ -111,9 +119,41 @@ MLFLOW_PORT="${MLFLOW_PORT:-5000}"
 POOL="${SENTCL_POOL:-sentcl-gpu-local}"
 INBOX="${SENTCL_INBOX:-$ROOT/inbox}"
 PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"
+# As root, the worker's sandbox runs as an unprivileged account of its own (created here when missing), which
+# owns the pipeline's outputs and nothing else: it cannot read the gate's scratch, .env or the run folder even
+# where the sandbox's mounts would let it. An ordinary user's sandbox maps its root to that user instead.
+WORKER_USER="${SENTCL_WORKER_USER:-sentcl-worker}"
+if (( EUID == 0 )); then
+  if ! id -u "$WORKER_USER" >/dev/null 2>&1; then
+    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \
+      "$WORKER_USER" >/dev/null || { echo "serve: could not create the account $WORKER_USER for the worker's" \
+      "sandbox (useradd, above); create an unprivileged one and name it in SENTCL_WORKER_USER" >&2; exit 2; }
+    echo "serve: created the system account $WORKER_USER; the worker's sandbox runs as it"
+  elif [[ "$(id -u "$WORKER_USER")" == 0 ]]; then
+    echo "serve: SENTCL_WORKER_USER=$WORKER_USER is root: the worker's sandbox needs an unprivileged account" >&2
+    exit 2
+  fi
+fi
 mkdir -p "$RUN" "$INBOX"
 chmod 700 "$RUN"
 INBOX="$(cd "$INBOX" && pwd)"
+source infra/run-records.sh
+# One make serve at a time in this checkout (the lock goes with this process, however it ends). One that was
+# interrupted before it was ready (killed, a server that did not start) is found by its state, and what it
+# started is stopped first, by the records it left (infra/run-records.sh): then this one starts clean.
+exec 9>>"$RUN/serve.lock"
+if ! flock -n 9; then
+  echo "serve: another make serve is starting in this checkout (it holds $RUN/serve.lock); wait for it" >&2
+  exit 2
+fi
+if [[ "$(cat "$RUN/serve.state" 2>/dev/null)" == starting ]]; then
+  echo "serve: the last make serve was interrupted before it was ready; stopping what it started first"
+  for name in watcher worker gate mlflow-server prefect-server; do
+    if [[ -f "$RUN/$name.pid" ]]; then end_process "$name" || true; fi
+  done
+fi
+echo starting >"$RUN/serve.state"
+note_started serve $$
 
 export SENTCL_ROOT="$ROOT" SENTCL_INBOX="$INBOX"
 export PREFECT_HOME="${PREFECT_HOME:-$ROOT/.prefect}"      # this checkout's server database, not ~/.prefect
@@ -122,40 +162,26 @@ export PREFECT_SERVER_ANALYTICS_ENABLED=false
 export DO_NOT_TRACK="${DO_NOT_TRACK:-1}" MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
 export PATH="$BIN:$PATH"
 
-gone() {  # pid: exited, or a zombie nobody reaped (a crashed leader whose workers may still hold the port)
-  ! kill -0 "$1" 2>/dev/null || [[ "$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)" == Z ]]
-}
-alive() { [[ -f "$RUN/$1.pid" ]] && ! gone "$(cat "$RUN/$1.pid")"; }
-running() {  # name: its PID is alive and still runs what serve started (a reused PID is not ours)
-  alive "$1" || return 1
-  local pid
-  pid="$(cat "$RUN/$1.pid")"
-  [[ ! -f "$RUN/$1.cmdline" ]] || [[ "$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null)" == "$(cat "$RUN/$1.cmdline")" ]]
-}
+alive() { ours "$1"; }  # its recorded PID still runs what serve started (infra/run-records.sh)
+declare -A LOG_FROM      # where this serve's part of each (appended) log begins
 
-start() {  # name, command...: own session (so stop can end its children too), pid file, log file
+start() {  # name, command...: own session (so stop can end its children too), pid and start time, log file
   local name="$1"; shift
-  if running "$name"; then echo "serve: $name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
+  if alive "$name"; then echo "serve: $name already running (pid $(cat "$RUN/$name.pid"))"; return; fi
   if [[ -f "$RUN/$name.pid" ]]; then
     # It crashed (or its PID now belongs to another program). What is left of its own session (a server's
-    # workers, which would keep the port) is ended first; the session id is the PID serve started it with.
-    local old
-    old="$(cat "$RUN/$name.pid")"
-    echo "serve: $name (pid $old) is gone; starting it again"
-    if gone "$old" && kill -TERM -- "-$old" 2>/dev/null; then
-      for _ in $(seq 1 20); do pgrep -g "$old" | grep -qv "^$old\$" || break; sleep 0.5; done
-      kill -KILL -- "-$old" 2>/dev/null || true
-      sleep 0.5
-    fi
-    rm -f "$RUN/$name.pid" "$RUN/$name.cmdline"
+    # workers, which would keep the port) is ended first.
+    echo "serve: $name (pid $(cat "$RUN/$name.pid")) is gone; starting it again"
+    end_process "$name" >/dev/null || true
   fi
+  LOG_FROM[$name]=$(($(stat -c %s "$RUN/$name.log" 2>/dev/null || echo 0) + 1))
   if [[ -n "${START_STDIN:-}" ]]; then  # a secret for its stdin (a shell variable: in no environ, no argv)
-    setsid "$@" >"$RUN/$name.log" 2>&1 < <(printf '%s\n' "$START_STDIN") &
+    setsid "$@" >>"$RUN/$name.log" 2>&1 9>&- < <(printf '%s\n' "$START_STDIN") &
   else
-    setsid "$@" >"$RUN/$name.log" 2>&1 < /dev/null &
+    setsid "$@" >>"$RUN/$name.log" 2>&1 9>&- < /dev/null &
   fi
   local pid=$!
-  echo "$pid" >"$RUN/$name.pid"
+  note_started "$name" "$pid"
   # Once setsid has exec'd the command: its command line is what `make stop` checks before signalling.
   for _ in $(seq 1 50); do
     [[ -r "/proc/$pid/cmdline" ]] && ! tr '\0' ' ' <"/proc/$pid/cmdline" | grep -qE '^(setsid|env) ' && break
@@ -187,9 +213,9 @@ except urllib.error.HTTPError:
   echo "serve: $1 answers on $2"
 }
 
-wait_log() {  # name, pattern, what: its log shows the pattern within 120 s, or serve stops saying so
+wait_log() {  # name, pattern, what: this start's part of its log shows the pattern within 120 s, or serve stops
   local deadline=$((SECONDS + 120))
-  until grep -q "$2" "$RUN/$1.log" 2>/dev/null; do
+  until tail -c "+${LOG_FROM[$1]:-1}" "$RUN/$1.log" 2>/dev/null | grep -q "$2"; do
     if (( SECONDS > deadline )) || ! alive "$1"; then
       echo "serve: $3 did not start; see $RUN/$1.log" >&2; tail -20 "$RUN/$1.log" >&2; exit 1
     fi
@@ -247,9 +273,10 @@ PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
 
 # The gate process: the only one given the gate's MLflow account (on its stdin). It judges what the flows
 # register into registry.candidate_model_name and alone moves champion (sentcl_mlflow.registry.gatekeeper).
+# Its scratch (downloads, the pinned dev pairs) is .run/gate, 0700: the worker's sandbox sees .run/ as empty.
 START_STDIN="$SENTCL_GATE_PASSWORD"
 SENTCL_GATE_USER="$SENTCL_GATE_USER" start gate "$BIN/python" -m sentcl_mlflow.registry.gatekeeper --password-stdin \
-  --interval "${SENTCL_GATE_INTERVAL_S:-5}"
+  --interval "${SENTCL_GATE_INTERVAL_S:-5}" --scratch "$RUN/gate"
 START_STDIN=""
 wait_log gate "^gate: watching" "the gate process"
 # The worker's flow runs (and the stages they start) register candidates: the registrar's account only. They
@@ -262,6 +289,23 @@ for path in data models metrics reports checkpoints runs .dvc/tmp .dvc/cache dvc
   [[ -e "$path" ]] && SANDBOX+=(--writable "$path")
 done
 for path in "$ENV_FILE" .env infra/.env "$RUN"; do SANDBOX+=(--hide "$path"); done
+# What it runs (the checkout, the .venv and the Python it was made from) and the inbox stay visible; the rest of
+# the operator's home (shell history, profiles) is covered by an empty folder, as /tmp is by a private one.
+for path in "$ROOT" "$VENV" "$("$BIN/python" -c 'import sys; print(sys.base_prefix)')" "$INBOX"; do
+  SANDBOX+=(--keep "$path")
+done
+[[ -n "${HOME:-}" && -d "$HOME" && "$(realpath "$HOME")" != / ]] && SANDBOX+=(--cover "$HOME")
+if (( EUID == 0 )); then
+  # The pipeline's outputs become the worker's account's (once: what it already owns is left as it is).
+  given=()
+  for path in data models metrics reports checkpoints runs .dvc/tmp .dvc/cache dvc.lock "$INBOX"; do
+    if [[ -e "$path" && "$(stat -c %U "$path")" != "$WORKER_USER" ]]; then
+      chown -R --no-dereference "$WORKER_USER:" "$path" && given+=("$path")
+    fi
+  done
+  (( ${#given[@]} )) && echo "serve: gave ${given[*]} to $WORKER_USER, the worker's account"
+  SANDBOX+=(--user "$WORKER_USER")
+fi
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
 MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
 PREFECT_HOME=/dev/shm/home/.prefect DVC_SITE_CACHE_DIR=/dev/shm/dvc \
@@ -277,6 +321,8 @@ for name in prefect-server mlflow-server gate worker watcher; do
   if alive "$name"; then record "$name"; fi
 done
 
+echo ready >"$RUN/serve.state"
+forget serve
 cat <<MSG
 serve: ready
   Prefect UI   http://127.0.0.1:$PREFECT_PORT   (export PREFECT_API_URL=$PREFECT_API_URL)

@@ -8,10 +8,16 @@
 #     .venv or the system Python the gate process runs, nor write the MLflow or Prefect stores behind their
 #     servers' backs;
 #   - the paths given with --hide (.env, .run/ with the MLflow users database) are covered by empty ones;
-#   - no capability and no new privileges, even when make serve runs as root: no ptrace, no remount.
+#   - a private /tmp, and every folder given with --cover (the operator's home) an empty one, except the paths
+#     it needs below them (the checkout, the --writable and --keep paths), bound back in: nothing another
+#     process leaves in /tmp (the gate's downloads, say) and no shell history or profile is in sight;
+#   - nodev and nosuid wherever it may write (its outputs, /tmp, /dev/shm);
+#   - with --user NAME (make serve as root), that unprivileged account instead of root; in any case no
+#     capability and no new privileges: no ptrace, no remount, no file it does not own or may not read.
 # If any of this cannot be set up, the command is not started: one line, exit 2. docs/registry-security.md.
 #
-# Usage: worker-sandbox.sh [--writable PATH]... [--hide PATH]... -- COMMAND [ARG]...
+# Usage: worker-sandbox.sh [--writable PATH]... [--hide PATH]... [--cover DIR]... [--keep PATH]... [--user NAME]
+#        -- COMMAND [ARG]...
 set -euo pipefail
 
 wait_for() {  # pid: exit with its status. A trapped signal ends `wait` early, not the process: wait again.
@@ -27,6 +33,14 @@ if [[ "${1:-}" != --inside ]]; then
   # leader passes them on to the namespace's first process (below), which passes them to the command.
   userns=()
   (( EUID == 0 )) || userns=(--user --map-root-user)   # an ordinary user: mounts need a user namespace
+  for arg in "$@"; do
+    [[ "$arg" == -- ]] && break
+    if [[ "$arg" == --user ]] && (( EUID != 0 )); then
+      echo "worker-sandbox: --user needs root (an ordinary user's sandbox runs as that user); the worker is" \
+        "not started" >&2
+      exit 2
+    fi
+  done
   # env --default-signal: a background job of a shell without job control would ignore INT, and so would
   # everything it starts (bash cannot trap a signal ignored at its start).
   env --default-signal=INT unshare "${userns[@]}" --mount --pid --fork --mount-proc --propagation private -- \
@@ -41,10 +55,16 @@ fi
 shift
 writable=()
 hide=()
+cover=(/tmp)
+keep=()
+user=""
 while (( $# )) && [[ "$1" != -- ]]; do
   case "$1" in
     --writable) writable+=("$(realpath -m "$2")") ;;
     --hide) hide+=("$(realpath -m "$2")") ;;
+    --cover) cover+=("$(realpath -m "$2")") ;;
+    --keep) keep+=("$(realpath -m "$2")") ;;
+    --user) user="$2" ;;
     *) echo "worker-sandbox: unknown option $1" >&2; exit 2 ;;
   esac
   shift 2
@@ -63,17 +83,43 @@ while read -r target; do
   mount -o remount,bind,ro "$target" 2>/dev/null || true      # checked below, not trusted
 done < <(findmnt -rn -o TARGET | tac)
 for path in "${writable[@]}"; do
-  mount -o remount,bind,rw "$path" || refuse "cannot make $path writable"
+  mount -o remount,bind,rw,nodev,nosuid "$path" || refuse "cannot make $path writable"
 done
-# A private, writable scratch space (TMPDIR, HOME). Not over /tmp: the checkout itself may lie under it.
-mount -t tmpfs -o mode=1777 tmpfs /dev/shm || refuse "cannot mount a private /dev/shm"
 for path in "${hide[@]}"; do
   if [[ -d "$path" ]]; then
-    mount -t tmpfs -o size=64k,mode=0500 tmpfs "$path" || refuse "cannot hide $path"
+    mount -t tmpfs -o size=64k,mode=0555,nodev,nosuid tmpfs "$path" || refuse "cannot hide $path"
   elif [[ -e "$path" ]]; then
     mount --bind /dev/null "$path" || refuse "cannot hide $path"
   fi
 done
+# A private, writable scratch space (TMPDIR, HOME).
+mount -t tmpfs -o mode=1777,nodev,nosuid tmpfs /dev/shm || refuse "cannot mount a private /dev/shm"
+
+under() { [[ "$1" == "$2" || "$1" == "$2"/* ]]; }  # path, folder
+needed=("$PWD" "${writable[@]}" "${keep[@]}")
+cover_folder() {  # folder: an empty tmpfs over it; what is needed below it bound back in from where it was
+  local folder="$1" stash path rel other top
+  for path in "${needed[@]}"; do under "$folder" "$path" && return 0; done  # all of it is needed: not covered
+  [[ -d "$folder" ]] || return 0
+  stash="$(mktemp -d /dev/shm/.sandbox-cover.XXXXXX)"
+  mount --rbind "$folder" "$stash" || refuse "cannot cover $folder"
+  mount -t tmpfs -o mode="$( [[ "$folder" == /tmp ]] && echo 1777 || echo 0755 ),nodev,nosuid" tmpfs "$folder" \
+    || refuse "cannot cover $folder"
+  for path in "${needed[@]}"; do
+    under "$path" "$folder" || continue
+    top=1
+    for other in "${needed[@]}"; do   # bound back once, with everything below it (its own mounts too)
+      [[ "$other" != "$path" ]] && under "$path" "$other" && under "$other" "$folder" && top=""
+    done
+    [[ -n "$top" && -e "$stash/${path#"$folder"/}" ]] || continue
+    rel="${path#"$folder"/}"
+    # The folders on the way are made traversable (0755, whatever the caller's umask): only the path shows.
+    if [[ -d "$stash/$rel" ]]; then (umask 022; mkdir -p "$path"); else (umask 022; mkdir -p "$(dirname "$path")"; : >"$path"); fi
+    mount --rbind "$stash/$rel" "$path" || refuse "cannot keep $path in sight"
+  done
+  umount -l "$stash" && rmdir "$stash" || refuse "cannot cover $folder"
+}
+for folder in "${cover[@]}"; do cover_folder "$folder"; done
 
 # Checked, not assumed: the command starts only if the file systems it should not write are read-only.
 program="$(command -v "$1")" || refuse "$1: not found or not executable"
@@ -86,7 +132,17 @@ done
 
 export HOME=/dev/shm/home TMPDIR=/dev/shm/tmp
 mkdir -p "$HOME" "$TMPDIR"
-env --default-signal=INT setpriv --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@" &
+# The checkout and the .venv belong to someone else now: git (and DVC through it) would refuse them as
+# "dubious ownership".
+printf '[safe]\n\tdirectory = *\n' >"$HOME/.gitconfig"
+as=()
+if [[ -n "$user" ]]; then
+  uid="$(id -u "$user" 2>/dev/null)" && gid="$(id -g "$user")" || refuse "no account $user"
+  (( uid != 0 )) || refuse "$user is root"
+  chown -R "$uid:$gid" "$HOME" "$TMPDIR"
+  as=(--reuid="$uid" --regid="$gid" --clear-groups)
+fi
+env --default-signal=INT setpriv "${as[@]}" --inh-caps=-all --bounding-set=-all --no-new-privs -- "$@" &
 command=$!
 trap 'kill -TERM "$command" 2>/dev/null || true' TERM
 trap 'kill -INT "$command" 2>/dev/null || true' INT

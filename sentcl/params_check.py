@@ -28,6 +28,7 @@ SECTIONS = (
     "registry",
     "flows",
     "tracking",
+    "serve",
 )
 EVALUATE_KEYS = ("pooling", "prompt", "backend", "max_tokens", "checkpoints")
 

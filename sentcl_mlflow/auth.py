@@ -35,6 +35,36 @@ import sys
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.store import EXPERIMENT, client, load_params_file, tracking_uri
 
+# A password must not be easy to guess (docs/registry-security.md, "Where the secrets come from"): make serve's
+# infra/serve.sh applies the same rule to every secret it is given.
+MIN_SECRET = 16
+
+
+class WeakSecretError(ValueError):
+    """A password that is shorter than MIN_SECRET characters, blank (spaces only) or one character repeated."""
+
+
+def secret_problem(value: str) -> str | None:
+    """Why ``value`` is too easy to guess to be a password, or None."""
+    if len(value) < MIN_SECRET:
+        return f"is shorter than {MIN_SECRET} characters"
+    if not value.strip():
+        return "is blank (spaces only)"
+    if len(set(value)) == 1:
+        return "is one character repeated"
+    return None
+
+
+def check_secret(name: str, value: str) -> str:
+    """``value`` (the variable ``name``), or :class:`WeakSecretError` naming the variable, never the value."""
+    problem = secret_problem(value)
+    if problem:
+        raise WeakSecretError(
+            f"{name} {problem}: use a long random one (python3 -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))')"
+        )
+    return value
+
 
 def _auth_client():
     from mlflow.server import get_app_client
@@ -84,7 +114,8 @@ def bootstrap() -> None:
     users.init_db(config["mlflow"]["database_uri"])
     if users.has_user(username):
         return
-    users.create_user(username, _required("MLFLOW_AUTH_ADMIN_PASSWORD"), is_admin=True)
+    password = check_secret("MLFLOW_AUTH_ADMIN_PASSWORD", _required("MLFLOW_AUTH_ADMIN_PASSWORD"))
+    users.create_user(username, password, is_admin=True)
     print(f"auth: created the admin account {username!r}")
 
 
@@ -94,6 +125,10 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
 
     config = config or GateConfig.from_params(load_params_file())
     gate_user, gate_password = _required("SENTCL_GATE_USER"), _required("SENTCL_GATE_PASSWORD")
+    check_secret("SENTCL_GATE_PASSWORD", gate_password)  # every account's password, before anything is made
+    for key in ("SENTCL_REGISTRAR_PASSWORD", "SENTCL_TEAM_PASSWORD"):
+        if os.environ.get(key):
+            check_secret(key, os.environ[key])
     mlc = client()
     auth = _auth_client()
     from sentcl_mlflow.registry.lease import LEASE_SUFFIX
@@ -191,7 +226,11 @@ def _required(name: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv == ["bootstrap"]:
-        bootstrap()
+        try:
+            bootstrap()
+        except WeakSecretError as e:
+            print(f"auth: {e}", file=sys.stderr)
+            return 2
         return 0
     if argv not in (["setup"], ["setup", "--env-stdin"]):
         print("usage: python -m sentcl_mlflow.auth setup [--env-stdin]|bootstrap", file=sys.stderr)
@@ -212,6 +251,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         setup()
+    except WeakSecretError as e:
+        print(f"auth: {e}", file=sys.stderr)
+        return 2
     except (TrackingAuthError, MlflowException) as e:
         print(f"auth: {getattr(e, 'message', e)}".splitlines()[0], file=sys.stderr)
         return 2

@@ -72,6 +72,41 @@ def check_manifest(root: Path, expected: Mapping[str, str], what: str, bytecode:
             )
 
 
+def compiled_from(pyc: Path) -> bool:
+    """Whether ``pyc`` (a file in a ``__pycache__``) holds exactly what Python compiles from the source beside
+    its folder. Python may run a ``.pyc`` instead of its source (an unchecked hash-based one without looking at
+    the source at all), so a cache file is the verified source's, or it is a foreign file."""
+    import importlib.util
+    import marshal
+
+    stem, _, rest = pyc.name.partition(".")
+    source = pyc.parent.parent / f"{stem}.py"
+    level = rest.split("opt-")[1][:1] if "opt-" in rest else "0"
+    try:
+        data, code = pyc.read_bytes(), source.read_bytes()
+        if data[:4] != importlib.util.MAGIC_NUMBER or not level.isdigit():
+            return False
+        if int.from_bytes(data[4:8], "little") & 1 and data[8:16] != importlib.util.source_hash(code):
+            return False
+        compiled = compile(code, str(source), "exec", dont_inherit=True, optimize=int(level))
+        return marshal.loads(data[16:]) == compiled
+    except (OSError, ValueError, EOFError, TypeError, SyntaxError):
+        return False
+
+
+def check_bytecode(root: Path, expected: Mapping[str, str], what: str) -> None:
+    """Every ``__pycache__`` file under ``root`` must be as the manifest lists it or the compile of its verified
+    source (``compiled_from``): Python writes them beside a model loaded in place (a local store)."""
+    for path in sorted(Path(root).rglob("*")):
+        rel = path.relative_to(root).as_posix()
+        if path.is_file() and "__pycache__" in path.relative_to(root).parts:
+            if expected.get(rel) != file_sha256(path) and not compiled_from(path):
+                raise ModelTamperedError(
+                    f"{what}: {rel} added since registration (bytecode that is not its verified source's); "
+                    "refusing to load it"
+                )
+
+
 def model_root(path: str | Path) -> Path | None:
     """The logged model's own folder (the one with ``MLmodel``) that ``path`` lies in, if any."""
     path = Path(path).resolve()
@@ -99,28 +134,60 @@ def verify_loaded_model(path: str | Path) -> str | None:
     Returns what was checked (``models:/name/version``), or None for a model not loaded from the registry
     (a run's model, a folder of one's own: there is no registration to check it against).
 
-    ``pyfunc_encoder.py`` and this file have already run by then (Python compiled them into
-    ``__pycache__``, left out here): only a check before the import can refuse changed code, which is
-    what ``sentcl_mlflow.registry.download.download_verified`` and ``python -m sentcl_mlflow.serve`` do."""
+    Where this repository is installed, a ``models:/`` download has been checked already, before MLflow read
+    its ``MLmodel`` or imported any of its code (``sentcl_mlflow.verified_models``, MLflow's ``models``
+    artifact repository in its place). Elsewhere this is the model's own check: ``pyfunc_encoder.py`` and this
+    file have run by then (Python compiled them into ``__pycache__``, left out here)."""
     root = model_root(path)
     registered = registered_version(root) if root is not None else None
     if registered is None:
         return None
     name, version = registered
+    return verify_registered(root, name, version, bytecode=False)
+
+
+def verify_registered(
+    root: Path,
+    name: str,
+    version: str,
+    bytecode: bool = True,
+    below: str = "",
+    registry_uri: str | None = None,
+) -> str:
+    """The files under ``root`` (the logged model of ``name`` version ``version``, or its part ``below``) must be
+    those its registration recorded (``sentcl.manifest``; a version registered before manifests: its weight
+    files). Raises :class:`ModelTamperedError` or :class:`ManifestUnavailableError` (one line each); a version
+    with neither record is not a sentcl model and passes. ``bytecode=False``: ``__pycache__`` left out (after the
+    import, which wrote it); otherwise a cache file must be the compile of its verified source."""
     what = f"models:/{name}/{version}"
     try:
         import mlflow
 
-        tags = mlflow.MlflowClient().get_model_version(name, version).tags or {}
+        client = mlflow.MlflowClient(registry_uri=registry_uri)
+        tags = client.get_model_version(name, version).tags or {}
     except Exception as e:  # noqa: BLE001 (any failure to read the record means: not checked, not loaded)
         first = (str(getattr(e, "message", "")) or str(e) or type(e).__name__).splitlines()[0]
         raise ManifestUnavailableError(
             f"{what}: cannot read its manifest from the registry ({type(e).__name__}: {first}); "
             "refusing to load it unchecked"
         ) from None
+    below = below.strip("/")
     if tags.get(TAG_MANIFEST):
-        check_manifest(root, json.loads(tags[TAG_MANIFEST]), what, bytecode=False)
-    elif tags.get(TAG_WEIGHT_FILES):  # registered before manifests: its weight files, by name
+        expected = json.loads(tags[TAG_MANIFEST])
+        if below:  # a part of the model: the files the manifest lists under it
+            if root.is_file():
+                if expected.get(below) != file_sha256(root):
+                    raise ModelTamperedError(
+                        f"{what}: {below} changed since registration (manifest sha256 mismatch); "
+                        "refusing to load it"
+                    )
+                return what
+            prefix = below + "/"
+            expected = {k[len(prefix) :]: v for k, v in expected.items() if k.startswith(prefix)}
+        check_manifest(root, expected, what, bytecode=False)
+        if bytecode:  # before any import: a cache file is the verified source's, or it is refused
+            check_bytecode(root, expected, what)
+    elif tags.get(TAG_WEIGHT_FILES) and not below:  # registered before manifests: its weight files, by name
         check_weight_files(root, json.loads(tags[TAG_WEIGHT_FILES]), what)
     return what
 

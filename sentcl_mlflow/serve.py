@@ -1,38 +1,83 @@
-"""Serve a registered encoder over HTTP, checked before it loads and before MLflow parses a request.
+"""Serve a registered encoder over HTTP, checked before it loads, bounded for every request.
 
-    python -m sentcl_mlflow.serve [models:/sentcl-encoder@champion] [--host 127.0.0.1] [--port 5001]
+    python -m sentcl_mlflow.serve [models:/sentcl-encoder@champion] [--host 127.0.0.1] [--port 5001] [--params FILE]
 
-What ``mlflow models serve -m models:/...`` does, with two checks in front of it:
+What ``mlflow models serve -m models:/...`` does, with checks in front of it and limits around it:
 
 - the version is downloaded with :func:`sentcl_mlflow.registry.download_verified`: every file (weights,
   tokenizer, MLmodel, the serving code) must match the manifest recorded at registration, or nothing loads
   (one line, exit 2);
+- a request is bounded by params.yaml ``serve:`` (:class:`ServeLimits`): a body over ``max_body_bytes`` is
+  answered 413 before it is read (a declared length at once, a chunked body as soon as it passes the limit),
+  more than ``max_sentences`` sentences or one longer than ``max_sentence_chars`` characters 400; each answer
+  is one line of JSON (``{"error_code": ..., "message": ...}``);
 - a JSON request whose sentences are not all strings (``{"inputs": [123, null]}``) is answered 400 with a
-  message naming the first bad item, before MLflow's parser would turn them into the text "123" and "None"
+  message naming the first bad item, where MLflow's parser would turn them into the text "123" and "None"
   (it coerces to the logged string signature);
-- a CSV request is refused (400, as every input the model cannot take): CSV has no types, so nothing can tell the number 123 from the sentence
-  "123", and pandas, which MLflow parses it with, drops blank lines and takes the first line as a header,
-  so the answer would not line up with the lines sent. Parquet (typed) stays: MLflow refuses a column that
-  is not text, and the model itself refuses a missing value (``pyfunc_checks.sentences``), whatever the
-  content type.
+- a CSV request is refused (400, as every input the model cannot take): CSV has no types, so nothing can tell
+  the number 123 from the sentence "123", and pandas, which MLflow parses it with, drops blank lines and takes
+  the first line as a header, so the answer would not line up with the lines sent. Parquet (typed) stays:
+  a column that is not text is refused, and the model itself refuses a missing value
+  (``pyfunc_checks.sentences``);
+- the sentences are encoded a batch at a time in one worker thread; a request not answered within
+  ``request_timeout_s`` gets 504 and its remaining batches are dropped (the work stops after the batch in hand,
+  rather than running on unseen), and TERM stops the server within ``shutdown_s`` (in-flight requests are
+  cancelled the same way).
 
-The app is MLflow's own scoring server (``mlflow.pyfunc.scoring_server.init``): same routes, same answers.
+The rest of the app is MLflow's own scoring server (``mlflow.pyfunc.scoring_server.init``: ``/ping``,
+``/health``, ``/version``); ``/invocations`` answers as it does (``{"predictions": [[...], ...]}``).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import io
 import json
 import sys
 import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
+
+from sentcl.params import read_section, real_number, whole_number
 
 INPUT_KEYS = ("inputs", "instances", "dataframe_split", "dataframe_records")
 CSV_REFUSED = (
     "text/csv is not accepted: CSV cannot tell a number from a sentence, and blank lines and the header "
     'line would be dropped from the answer; send JSON, {"inputs": ["a sentence", ...]}'
 )
+
+
+@dataclass(frozen=True)
+class ServeLimits:
+    """params.yaml ``serve:``: what one request may ask of the served model, and how long it may take."""
+
+    max_body_bytes: int
+    max_sentences: int
+    max_sentence_chars: int
+    request_timeout_s: float
+    shutdown_s: float
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> ServeLimits:
+        names = [f.name for f in fields(cls)]
+        raw = read_section(params, "serve", names)
+        for name in ("max_body_bytes", "max_sentences", "max_sentence_chars"):
+            whole_number(raw[name], f"serve.{name}", minimum=1)
+        for name in ("request_timeout_s", "shutdown_s"):
+            real_number(raw[name], f"serve.{name}", above=0)
+        return cls(**raw)
+
+
+class Refusal(Exception):
+    """A request answered with ``status`` and one line (``code``, ``message``) before the model sees it."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
 
 
 def _cells(payload: dict[str, Any]) -> list[Any] | None:
@@ -58,17 +103,7 @@ def _cells(payload: dict[str, Any]) -> list[Any] | None:
     return None
 
 
-def input_problem(body: bytes) -> str | None:
-    """A one-line reason to refuse a JSON scoring request, or None when every sentence is a string."""
-    try:
-        payload = json.loads(body or b"null")
-    except ValueError:
-        return None  # MLflow answers malformed JSON itself (400)
-    if not isinstance(payload, dict):
-        return None
-    cells = _cells(payload)
-    if cells is None:
-        return None
+def _not_strings(cells: list[Any]) -> str | None:
     bad = [(i, v) for i, v in enumerate(cells) if not isinstance(v, str)]
     if not bad:
         return None
@@ -79,27 +114,158 @@ def input_problem(body: bytes) -> str | None:
     )
 
 
-def build_app(model_dir: Path):  # noqa: ANN201 (a FastAPI app; fastapi is MLflow's dependency)
+def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[list[str], dict[str, Any]]:
+    """(sentences, params) of a scoring request, or :class:`Refusal`: the shapes MLflow's scoring server reads
+    (JSON ``inputs``, ``instances``, ``dataframe_split``, ``dataframe_records``; parquet), every sentence a string,
+    within the limits."""
+    mime = content_type.split(";")[0].strip().lower()
+    params: dict[str, Any] = {}
+    if mime == "text/csv":
+        raise Refusal(400, "BAD_REQUEST", CSV_REFUSED)
+    if mime == "application/json":
+        try:
+            payload = json.loads(body or b"null")
+        except ValueError as e:
+            raise Refusal(400, "MALFORMED_REQUEST", f"the body is not JSON ({e})") from None
+        cells = _cells(payload) if isinstance(payload, dict) else None
+        if cells is None:
+            raise Refusal(
+                400, "BAD_REQUEST", 'send {"inputs": ["a sentence", ...]} (or instances, dataframe_split)'
+            )
+        params = payload.get("params") or {}
+        if not isinstance(params, dict):
+            raise Refusal(400, "INVALID_PARAMETER_VALUE", "params must be an object")
+    elif mime in ("application/vnd.apache.parquet", "application/octet-stream"):
+        import pandas as pd
+
+        try:
+            frame = pd.read_parquet(io.BytesIO(body))
+        except Exception as e:  # noqa: BLE001 (whatever pyarrow says about bytes that are not parquet)
+            raise Refusal(400, "MALFORMED_REQUEST", f"the body is not parquet ({type(e).__name__})") from None
+        column = "sentence" if "sentence" in frame.columns else frame.columns[0]
+        cells = [None if v is None or v != v else v for v in frame[column].tolist()]  # NaN: missing
+    else:
+        raise Refusal(415, "BAD_REQUEST", f"content type {mime or 'none'} is not accepted: send JSON")
+    problem = _not_strings(cells)
+    if problem:
+        raise Refusal(400, "INVALID_PARAMETER_VALUE", problem)
+    if len(cells) > limits.max_sentences:
+        raise Refusal(
+            400,
+            "INVALID_PARAMETER_VALUE",
+            f"{len(cells)} sentences in one request; at most {limits.max_sentences} (serve.max_sentences)",
+        )
+    for i, cell in enumerate(cells):
+        if len(cell) > limits.max_sentence_chars:
+            raise Refusal(
+                400,
+                "INVALID_PARAMETER_VALUE",
+                f"input {i} has {len(cell)} characters; at most {limits.max_sentence_chars} "
+                "(serve.max_sentence_chars)",
+            )
+    batch = params.get("batch_size", 64)
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise Refusal(
+            400, "INVALID_PARAMETER_VALUE", f"params.batch_size must be a whole number >= 1, not {batch!r}"
+        )
+    return cells, params
+
+
+class Cancelled(Exception):
+    """The request's time ran out (or the server is stopping): its remaining batches are not encoded."""
+
+
+class Encoder:
+    """The loaded model, run one batch at a time in one worker thread. Each request has its own cancel flag,
+    checked between batches: a request that timed out, or a server that stops, drops the rest of its work."""
+
+    def __init__(self, model: Any) -> None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.model = model
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="encode")
+        self.stopping = threading.Event()
+
+    def _encode(self, sentences: list[str], params: dict[str, Any], cancel: threading.Event) -> list:
+        import numpy as np
+
+        step = int(params.get("batch_size", 64))
+        parts = []
+        for start in range(0, len(sentences), step):
+            if cancel.is_set() or self.stopping.is_set():
+                raise Cancelled()
+            vectors = self.model.predict(sentences[start : start + step], params=params or None)
+            parts.append(np.asarray(vectors, dtype=np.float32))
+        return np.concatenate(parts).tolist() if parts else []
+
+    async def encode(self, sentences: list[str], params: dict[str, Any], timeout_s: float) -> list:
+        cancel = threading.Event()
+        job = asyncio.get_running_loop().run_in_executor(self.pool, self._encode, sentences, params, cancel)
+        try:
+            return await asyncio.wait_for(job, timeout_s)
+        except BaseException:  # timed out, or the server cancelled the request (TERM): no more batches
+            cancel.set()
+            raise
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+async def _body(request: Any, limit: int) -> bytes:
+    """The request's body, read only up to ``limit`` bytes: a declared length over it is refused at once."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise Refusal(
+            413, "REQUEST_TOO_LARGE", f"the body has {declared} bytes; at most {limit} (serve.max_body_bytes)"
+        )
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise Refusal(413, "REQUEST_TOO_LARGE", f"the body is over {limit} bytes (serve.max_body_bytes)")
+    return bytes(body)
+
+
+def build_app(model_dir: Path, limits: ServeLimits | None = None):  # noqa: ANN201 (a FastAPI app)
+    """MLflow's scoring app on the model in ``model_dir``, its ``/invocations`` answered here (see the module)."""
     import mlflow
     from fastapi import Request
     from fastapi.responses import JSONResponse
+    from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import init
 
-    app = init(mlflow.pyfunc.load_model(str(model_dir)))
+    if limits is None:
+        from sentcl_mlflow.store import load_params_file
+
+        limits = ServeLimits.from_params(load_params_file())
+    model = mlflow.pyfunc.load_model(str(model_dir))
+    app = init(model)
+    encoder = app.state.encoder = Encoder(model)
+
+    def refused(status: int, code: str, message: str) -> JSONResponse:
+        headers = {"Connection": "close"} if status == 413 else None  # the rest of the body is not read
+        return JSONResponse({"error_code": code, "message": message}, status_code=status, headers=headers)
 
     @app.middleware("http")
-    async def strings_only(request: Request, call_next):  # noqa: ANN001, ANN202
-        if request.method == "POST" and request.url.path == "/invocations":
-            content_type = request.headers.get("content-type", "")
-            if content_type.split(";")[0].strip().lower() == "text/csv":
-                return JSONResponse({"error_code": "BAD_REQUEST", "message": CSV_REFUSED}, status_code=400)
-            if "json" in content_type:
-                problem = input_problem(await request.body())
-                if problem:
-                    return JSONResponse(
-                        {"error_code": "INVALID_PARAMETER_VALUE", "message": problem}, status_code=400
-                    )
-        return await call_next(request)
+    async def bounded(request: Request, call_next):  # noqa: ANN001, ANN202
+        if not (request.method == "POST" and request.url.path == "/invocations"):
+            return await call_next(request)
+        try:
+            body = await _body(request, limits.max_body_bytes)
+            sentences, params = parse_request(body, request.headers.get("content-type", ""), limits)
+            vectors = await encoder.encode(sentences, params, limits.request_timeout_s)
+        except Refusal as e:
+            return refused(e.status, e.code, e.message)
+        except (TimeoutError, Cancelled):
+            return refused(
+                504,
+                "DEADLINE_EXCEEDED",
+                f"not answered within {limits.request_timeout_s:g}s (serve.request_timeout_s); its work was dropped",
+            )
+        except MlflowException as e:  # the model's own refusal (a missing sentence, a bad backend)
+            return refused(e.get_http_status_code(), str(e.error_code), e.message.splitlines()[0])
+        return JSONResponse({"predictions": vectors})
 
     return app
 
@@ -109,8 +275,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("model", nargs="?", default=None, help="models:/NAME@ALIAS or models:/NAME/VERSION")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=5001)
+    parser.add_argument(
+        "--params", type=Path, help="params.yaml whose serve: limits apply (default: the checkout's)"
+    )
     args = parser.parse_args(argv)
     import os
+
+    from sentcl.params import ParamsError
+    from sentcl_mlflow.store import load_params_file
+
+    try:
+        limits = ServeLimits.from_params(load_params_file(args.params))
+    except ParamsError as e:
+        print(f"serve: {e}", file=sys.stderr)
+        return 2
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line on failure, no bars
     from sentcl_mlflow.registry import download as registry
@@ -134,8 +312,24 @@ def main(argv: list[str] | None = None) -> int:
             return 75
         import uvicorn
 
-        print(f"serve: {model} verified against its registration manifest; http://{args.host}:{args.port}")
-        uvicorn.run(build_app(root), host=args.host, port=args.port, log_level="warning")
+        app = build_app(root, limits)
+        print(
+            f"serve: {model} verified against its registration manifest; http://{args.host}:{args.port}",
+            flush=True,
+        )
+        # TERM: no new connection; requests in flight get shutdown_s, then they are cancelled (and with them
+        # the batches still to encode), and the process exits.
+        config = uvicorn.Config(
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=limits.shutdown_s,
+        )
+        try:
+            uvicorn.Server(config).run()
+        finally:
+            app.state.encoder.stop()
     return 0
 
 

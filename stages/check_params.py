@@ -28,6 +28,7 @@ from sentcl.registry.rules import GateConfig
 from sentcl.training.agreement import AgreementConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
+from sentcl_mlflow.serve import ServeLimits
 from sentcl_mlflow.store import TrackingConfig
 from stages.common import METRICS, load_params, params_label, relabel
 from stages.training import stage_config
@@ -58,6 +59,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("registry", GateConfig.from_params),
     ("flows", FlowConfig.from_params),
     ("tracking", TrackingConfig.from_params),
+    ("serve", ServeLimits.from_params),
 )
 
 

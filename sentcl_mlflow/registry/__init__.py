@@ -23,7 +23,10 @@ A kill between 3 and 5 leaves a version marked ``registering``: never promotable
 - ``measure``: the gate's own verified download and dev-set scoring of a version;
 - ``download``: checked downloads of a registered version or an alias.
 - ``gatekeeper``: `make serve`'s gate process (the only holder of the gate's account there): it judges the
-  candidates model's new versions, copies a promoted one into production and moves ``champion``.
+  candidates model's new versions, registers its own upload of a promoted one into production, moves
+  ``champion`` and, every poll, checks the champion's files;
+- ``owned``: the gate's one download of a candidate and the production version made from it;
+- ``champion``: the gate's check of the champion's stored files and the restore of a verified one.
 
 This file imports nothing: import the module you need.
 """

@@ -7,7 +7,7 @@ from typing import Any
 
 from sentcl.registry.rules import sts_row_from_tags, version_weights, weight_file_digests, weights_fingerprint
 from sentcl_mlflow.errors import NoChampionError
-from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, WeightsMismatchError, check_manifest
+from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, WeightsMismatchError, check_bytecode, check_manifest
 from sentcl_mlflow.registry.names import CHAMPION, _version_or_none, gate_config
 from sentcl_mlflow.store import client
 
@@ -66,8 +66,11 @@ def download_verified(model_uri: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix="model-", dir=dest))
     root = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(fresh)))
-    if manifest is not None:
-        check_manifest(root, manifest, model_uri)
+    if (
+        manifest is not None
+    ):  # Python's cache counts as its source's compile or not at all (as a load checks it)
+        check_manifest(root, manifest, model_uri, bytecode=False)
+        check_bytecode(root, manifest, model_uri)
     elif expected:
         actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
         if actual != expected:

@@ -3,8 +3,10 @@
 Every path that moves ``champion`` first downloads the model it moves it to and checks every file against the
 manifest recorded at registration (``measure.verified_download``): a mismatch is one line
 (:class:`GateRefusedError`, exit 2), the version is tagged refused and nothing moves. The candidate is
-checked so before the gate decides anything from its tags (``_gate_locked``). The gate compares its own
-scores of the candidate and the champion (``measure``), never the score tags a registrant wrote.
+downloaded once, before the gate decides anything from its tags (``owned.own_download``): its weights are hashed
+from those files, its scores measured on them (``measure``), never read from tags a registrant wrote. A candidate
+of another model (the gate process's) that wins becomes a production version of the gate's own upload of exactly
+those files (``owned.register_owned``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from sentcl.registry.rules import (
     REFUSED,
     TAG_ROLLED_BACK,
     TAG_STATE,
+    TAG_WEIGHTS,
     GateConfig,
     gate_decision,
     gate_score_tags,
@@ -29,14 +32,7 @@ from sentcl.registry.rules import (
 )
 from sentcl_mlflow.errors import GateRefusedError, NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
-from sentcl_mlflow.registry.measure import (
-    DevSets,
-    Scorer,
-    dev_scorer,
-    measure,
-    verified_candidate,
-    verified_download,
-)
+from sentcl_mlflow.registry.measure import DevSets, Scorer, dev_scorer, measure, verified_download
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
@@ -47,6 +43,7 @@ from sentcl_mlflow.registry.names import (
     gate_config,
     target_model_name,
 )
+from sentcl_mlflow.registry.owned import Owned, own_download, register_owned
 from sentcl_mlflow.registry.versions import (
     _register_locked,
     _rolled_back_weights,
@@ -168,8 +165,9 @@ def judge_candidate(
     """The gate process's gate (``gatekeeper.judge``): ``source`` version ``version`` (a version of the
     candidates model) against the champion of ``config.model_name``, under ``lease``, that model's promotion
     lease, which the caller holds. As ``promote`` gates, and: the candidate's weights tag must name its
-    verified files; on "promoted" the version is copied into ``config.model_name``, the copy verified, and
-    ``champion`` set there; the verdict is tagged on the candidate."""
+    verified files; on "promoted" the gate registers its own upload of the files it scored as a version of
+    ``config.model_name`` (``owned.register_owned``), verifies it and sets ``champion`` there; the verdict is
+    tagged on the candidate."""
     make_scorer = _scorer(params, dev_pairs, domain_dev, None)
     caller = (caller_identity(), None)
     return _gate_locked(
@@ -191,26 +189,27 @@ def _gate_locked(
 ) -> dict[str, Any]:
     """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None). ``source``: the
     registered model the candidate lives in when it is not ``name`` (the gate process judges the candidates
-    model's versions): on promotion it is copied into ``name``, the copy verified, and ``champion`` set there."""
+    model's versions): on promotion the gate's own upload of the files it scored becomes a version of ``name``,
+    verified, and ``champion`` is set there."""
     started = time.time()
     source = source or name
     cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
     if cand is None:
         raise LookupError(f"no {CHALLENGER!r} version of {source!r} to gate; run the export stage first")
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
-        # Its files first, before any decision reads its tags: a changed file, or (a version of another model,
-        # whose registrar may edit its tags) a weights tag that is not its files, is a refusal whatever the gate
-        # would decide next ("already champion" and the rolled-back block read that tag). A version the gate
-        # refused already stays refused without a download.
-        root = None
+        # Its files first, once, before any decision reads its tags: a changed file, or (a version of another
+        # model, whose registrar may edit its tags) a weights tag that is not its files, is a refusal whatever the
+        # gate would decide next. From here on the gate's own copy is the source of its weights, its scores and
+        # (on promotion) the production version. A version the gate refused already stays refused.
+        owned = None
         if (cand.tags or {}).get(TAG_STATE) != REFUSED:
-            root = verified_candidate(mlc, source, cand, Path(tmp), weights_tag=source != name)
+            owned = own_download(mlc, source, cand, Path(tmp), weights_tag=source != name)
         return _decide(
             mlc,
             name,
             source,
             cand,
-            root,
+            owned,
             config,
             caller,
             make_scorer,
@@ -226,7 +225,7 @@ def _decide(
     name: str,
     source: str,
     cand: Any,
-    root: Path | None,
+    owned: Owned | None,
     config: GateConfig,
     caller: tuple[str, str | None],
     make_scorer: Callable[[], Scorer],
@@ -235,10 +234,13 @@ def _decide(
     lease: Lease | None,
     started: float,
 ) -> dict[str, Any]:
-    """``_gate_locked`` once the candidate's files are verified (under ``root``; None: it was refused before)."""
+    """``_gate_locked`` once the gate holds its own verified copy of the candidate (``owned``; None: it was
+    refused before). Its weights are the ones the gate hashed from that copy, never a tag's."""
     identity, note = caller
     forced_by = _who(identity, note) if forced else None
-    tags = cand.tags or {}
+    tags = dict(cand.tags or {})
+    if owned is not None and owned.weights:
+        tags[TAG_WEIGHTS] = owned.weights  # what blocks and "already champion" compare: the gate's own hash
     champ = _version_or_none(mlc, name, CHAMPION)
     blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
     measured_tags: dict[str, str] = {}
@@ -273,7 +275,7 @@ def _decide(
         # Downloaded and verified (a tampered file: refused, one line, nothing moves), then scored by the gate
         # itself, both on the same pairs: a domain score counts only when a domain dev file was given.
         versions = [cand] + ([champ] if champ is not None else [])
-        measured = measure(mlc, name, versions, make_scorer(), verified=[root])
+        measured = measure(mlc, name, versions, make_scorer(), verified=[owned.root if owned else None])
         cand_scores = measured[0]
         champ_scores = measured[1] if champ is not None else None
         promoted, reasons = gate_decision(cand_scores, champ_scores, config)
@@ -287,8 +289,8 @@ def _decide(
             reasons.append(f"forced by {forced_by}")
     target = str(cand.version)  # the version of ``name`` that becomes champion
     if promoted:
-        if source != name:
-            target = _copy_verified(mlc, source, str(cand.version), name)
+        if source != name:  # a production version of the gate's own upload of the bytes it scored
+            target = register_owned(mlc, name, source, cand, owned)
         if champ is not None:
             mlc.set_model_version_tag(name, target, "previous_champion", champ.version)
         if lease is not None:  # fencing: a holder whose lease was broken stops before the alias moves
@@ -301,6 +303,8 @@ def _decide(
                 f"champion of {name!r} reads back as {after.version if after else None} after moving it to "
                 f"{target}: another writer bypassed the promotion lease"
             )
+        if source != name:
+            mlc.set_model_version_tag(name, target, TAG_STATE, READY)
     decision = "promoted" if promoted else "rejected"
     gate_tags = {
         "gate.decision": decision,
@@ -318,7 +322,7 @@ def _decide(
     gate_tags.update(measured_tags)  # gate.stsb_dev, gate.sick_dev, gate.domain_dev, gate.champion_*
     tagged = [(source, str(cand.version))]
     if promoted and source != name:
-        # The production copy first: the candidate's gate.decision is what a waiting registrar reads as done.
+        # The production version first: the candidate's gate.decision is what a waiting registrar reads as done.
         mlc.set_model_version_tag(name, target, "gate.candidate", f"{source}/{cand.version}")
         gate_tags["gate.champion_version"] = target  # on the candidate: which production version it became
         tagged.insert(0, (name, target))
@@ -337,20 +341,6 @@ def _decide(
         "reasons": reasons,
         "seconds": round(time.time() - started, 2),
     }
-
-
-def _copy_verified(mlc: MlflowClient, source: str, version: str, name: str) -> str:
-    """``source`` version ``version`` copied into ``name`` (MLflow's copy: source ``models:/source/version``, the
-    same files, every tag including the registration manifest), then downloaded and checked against that
-    manifest before anything points at it. Returns the new version of ``name``."""
-    import contextlib
-    import io
-
-    with contextlib.redirect_stderr(io.StringIO()):  # MLflow narrates the copy on stderr: one line is ours
-        copy = mlc.copy_model_version(f"models:/{source}/{version}", name)
-    with tempfile.TemporaryDirectory(prefix="sentcl-copy-") as tmp:
-        verified_download(mlc, name, str(copy.version), Path(tmp))
-    return str(copy.version)
 
 
 def promote(

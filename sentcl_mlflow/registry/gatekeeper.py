@@ -9,9 +9,15 @@ The worker, its flow runs and their stages hold the registrar's account: they re
 against its registration manifest and its weights tag before anything is decided from its tags, the champion
 checked the same way, both scored by the gate itself on STS-B dev, SICK-R
 trial and the candidate's domain (or teacher-agreement) pairs when its registration logged some, compared by
-``gate_decision``. On "promoted" the version is copied into the production model (the copy keeps the source
-files and the manifest), the copy verified, and ``champion`` set there. The verdict and the gate's scores are
-tags on the candidate (``gate.*``; a tampered one ``sentcl.state=refused``); one log line per decision.
+``gate_decision``. On "promoted" the production version is the gate's own upload of exactly the files it scored
+(``owned.register_owned``), verified, and ``champion`` is set there. The verdict and the gate's scores are tags
+on the candidate (``gate.*``; a tampered one ``sentcl.state=refused``); one log line per decision. Every poll
+it also checks the champion's stored files against its record and, when they changed, restores the previous
+verified champion itself (``champion``).
+
+Nothing the worker can write reaches it unchecked: the dev pairs (``data/processed``, a pipeline output) are
+opened without following a link (``read_regular``) and copied once into the gate's own scratch (``--scratch``,
+0700; `make serve`: ``.run/gate``, which the worker's sandbox cannot see).
 
 A candidate asks for nothing but "look at me": which version, which files, which dev pairs and which rules
 are the gate's. At start the process makes itself non-dumpable (``prctl(PR_SET_DUMPABLE, 0)``), so another
@@ -36,7 +42,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE
-from sentcl_mlflow.errors import GateRefusedError
+from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
 from sentcl_mlflow.registry.names import READY
 
 if TYPE_CHECKING:
@@ -58,6 +64,19 @@ def close_process() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
+
+
+def private_folder(folder: Path) -> Path:
+    """``folder`` made (or found) as a real folder of this user's with mode 0700: the gate's scratch, where its
+    downloads and copies of the dev pairs live, out of the sandboxed worker's sight."""
+    import stat
+
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = os.lstat(folder)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise OSError(f"{folder} is not a folder of this user's (a link, or another owner's); not using it")
+    os.chmod(folder, 0o700)
+    return folder
 
 
 def gate_inputs_tag(domain_dev: Path) -> str:
@@ -103,21 +122,70 @@ def _domain_dev(mlc: MlflowClient, source: str, version: Any, dest: Path) -> Pat
     return Path(path)
 
 
+def read_regular(base: Path, rel: str) -> bytes | None:
+    """The bytes of ``base``/``rel``, opened without following a link: every folder below ``base`` and the file
+    itself with ``O_NOFOLLOW``, the file checked to be a regular one on the descriptor that is read (``fstat``), so
+    a link or a folder swapped for one between a check and the read cannot point the gate at another file. None
+    when it is absent. A link, a device, a FIFO or a folder in its place: :class:`GateDevSetError`, one line.
+
+    ``base`` is trusted (the checkout, or a folder the operator pins with ``--processed``); what lies below it may
+    be the worker's (the pipeline's outputs, written from its sandbox)."""
+    import errno
+    import stat
+
+    refused = GateDevSetError(
+        f"{base / rel} is not a regular file under {base} (a symbolic link, or a folder on the way is one): the "
+        "gate reads only regular files there; refused"
+    )
+
+    def below(fd: int, name: str, flags: int) -> int | None:  # one step down, never through a link
+        try:
+            return os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | flags, dir_fd=fd)
+        except FileNotFoundError:
+            return None
+        except OSError as e:  # a link (ELOOP), a file where a folder should be, a FIFO with no writer
+            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
+                raise refused from None
+            raise
+
+    *folders, name = Path(rel).parts
+    opened = [os.open(base, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)] if base.is_dir() else []
+    try:
+        for step, flags in [*((f, os.O_DIRECTORY) for f in folders), (name, os.O_NONBLOCK)]:
+            fd = below(opened[-1], step, flags) if opened else None
+            if fd is None:
+                return None
+            opened.append(fd)
+        if not stat.S_ISREG(os.fstat(opened[-1]).st_mode):
+            raise refused
+        with os.fdopen(opened[-1], "rb", closefd=False) as f:
+            return f.read()
+    finally:
+        for fd in opened:
+            os.close(fd)
+
+
 class PinnedDevPairs:
     """The validate stage's pairs table, copied once into the gate's own folder and scored from there until the
     gate stops. The worker writes ``data/processed`` (it runs the pipeline): what it writes after the gate read
-    the table does not change the pairs the gate judges on. Absent at start (no ``dvc repro validate`` yet), the
-    table is copied the first time it is there."""
+    the table does not change the pairs the gate judges on, and what it plants there (a link to a secret) is
+    refused, never followed (``read_regular``). Absent at start (no ``dvc repro validate`` yet), the table is
+    copied the first time it is there."""
 
-    def __init__(self, source: Path, folder: Path) -> None:
-        self.source = source
+    def __init__(self, base: Path, rel: str, folder: Path) -> None:
+        self.base, self.rel = base, rel
+        self.source = base / rel
         self.folder = folder
         self.copy: Path | None = None
         self.sha256 = ""
 
     def path(self) -> Path:
-        if self.copy is None and self.source.is_file():
-            data = self.source.read_bytes()
+        if self.copy is None:
+            data = read_regular(self.base, self.rel)
+            if data is None:
+                raise GateDevSetError(
+                    f"{self.source}: no dev pairs for the gate to score models on; run `dvc repro validate` first"
+                )
             copy = self.folder / "pairs.parquet"
             copy.write_bytes(data)
             self.copy, self.sha256 = copy, hashlib.sha256(data).hexdigest()
@@ -126,7 +194,7 @@ class PinnedDevPairs:
                 "copy until it restarts",
                 flush=True,
             )
-        return self.copy or self.source  # still absent: the decision says so in one line
+        return self.copy
 
 
 def judge(
@@ -193,7 +261,14 @@ def run(
 
     failures: dict[str, int] = {}
     said: set[str] = set()
+    full = True  # the champion's every file at the first poll; its small ones and sizes at every other
     while True:
+        try:
+            guard_champion(params, full)
+            full = False
+        except Exception as e:
+            known = one_line("gate", e)
+            _say(said, known[1] if known else f"gate: cannot check the champion: {type(e).__name__}: {e}")
         try:
             waiting = pending(client(), source)
         except Exception as e:
@@ -218,6 +293,27 @@ def run(
         if once:
             return
         time.sleep(interval_s)
+
+
+def guard_champion(params: Mapping[str, Any], full: bool) -> None:
+    """The champion's stored files against the gate's record (``champion.champion_problem``); a champion that
+    fails is refused and the previous verified one restored under the lease, one line saying so."""
+    from sentcl_mlflow.registry.champion import champion_problem, restore_verified_champion
+    from sentcl_mlflow.registry.lease import promotion_lock
+    from sentcl_mlflow.registry.names import gate_config
+    from sentcl_mlflow.store import client
+
+    name = gate_config(params).model_name
+    mlc = client()
+    scratch = Path(tempfile.gettempdir())
+    if champion_problem(mlc, name, scratch, full) is None:
+        return
+    with promotion_lock(name, mlc=mlc) as lease:
+        found = champion_problem(
+            mlc, name, scratch, full=True
+        )  # again, whole, now that nothing else moves it
+        if found is not None:
+            print(restore_verified_champion(mlc, name, found[1], lease), flush=True)
 
 
 def _say(said: set[str], line: str) -> None:
@@ -248,8 +344,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--processed", type=Path, help="folder with the validate stage's pairs.parquet")
     parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls")
     parser.add_argument("--once", action="store_true", help="judge what is pending, then exit")
+    parser.add_argument(
+        "--scratch",
+        type=Path,
+        help="the gate's own scratch folder (made 0700; make serve: .run/gate, which the worker cannot see)",
+    )
     args = parser.parse_args(argv)
     close_process()  # before the password is read
+    if args.scratch is not None:
+        try:
+            tempfile.tempdir = str(
+                private_folder(args.scratch)
+            )  # every download and copy of the gate goes here
+        except OSError as e:
+            print(f"gate: {e}", file=sys.stderr)
+            return 2
     # Its log is one line per decision: no download or weight-loading progress bars around them.
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -275,14 +384,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gate: {e}", file=sys.stderr)
         return 75
     from sentcl_mlflow.registry.measure import DEV_PAIRS
+    from sentcl_mlflow.store import PROJECT
 
     # make stop's TERM unwinds (the pinned copy's folder is removed) instead of killing the process mid-write.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as own:
-        dev_pairs = PinnedDevPairs(
-            args.processed / "pairs.parquet" if args.processed else DEV_PAIRS, Path(own)
-        )
-        dev_pairs.path()
+        if args.processed:  # a copy the operator pins: that folder is trusted, the file still no link
+            dev_pairs = PinnedDevPairs(args.processed, "pairs.parquet", Path(own))
+        else:
+            dev_pairs = PinnedDevPairs(PROJECT, DEV_PAIRS.relative_to(PROJECT).as_posix(), Path(own))
+        with contextlib.suppress(GateDevSetError):  # absent, or refused: said at the first judgment
+            dev_pairs.path()
         print(f"gate: watching {source} every {args.interval:g}s as {args.user}", flush=True)
         run(source, params, dev_pairs, args.interval, args.once)
     return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import random
 import socket
@@ -10,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sentcl_mlflow import runs
@@ -43,6 +45,9 @@ class PromotionLeaseLost(PromotionLockTimeout):
 
 
 LEASE_SOURCE = "sentcl-lease:/promotion-lease"  # never read: a lease version has no files
+# On every lease version: which process holds (or waits for) it, precisely enough to tell from this host whether
+# it still runs: the kernel's boot id, the PID namespace, the PID and the process's start time.
+TAG_HOLDER = "holder"
 # On every MLflow run started while a lease is held: the lease model and the holder's token (version).
 TAG_RUN_LEASE, TAG_RUN_TOKEN = "sentcl.lease_model", "sentcl.lease_token"
 
@@ -83,6 +88,54 @@ class Lease:
     def check(self) -> None:
         """The fencing check right before a write that needs the lease (the champion alias)."""
         self.renew()
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[-1].split()
+    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None  # a zombie has stopped holding
+
+
+def _here() -> dict[str, str]:
+    """This host and PID namespace: a holder found here can be checked for being alive."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        pidns = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return {}
+    return {"boot": boot, "pidns": pidns}
+
+
+def holder_identity() -> str:
+    """The ``holder`` tag of a lease version this process creates."""
+    here = _here()
+    start = _process_start(os.getpid())
+    if not here or start is None:
+        return "{}"
+    return json.dumps({**here, "pid": os.getpid(), "start": start}, sort_keys=True)
+
+
+def holder_gone(version) -> str | None:  # noqa: ANN001 (a ModelVersion of the lease model)
+    """Why the process that created this lease version has certainly ended (a sentence), or None when that
+    cannot be told from here: it ran on another host, in another PID namespace (a container, the worker's
+    sandbox), or left no ``holder`` tag. Checked on this host: the same boot, the same PID namespace, and its
+    PID no longer running the process that started at that moment (a reused PID is not it)."""
+    try:
+        holder = json.loads((version.tags or {}).get(TAG_HOLDER) or "{}")
+        pid, start = int(holder["pid"]), str(holder["start"])
+    except (ValueError, KeyError, TypeError):
+        return None
+    here = _here()
+    if not here or holder.get("boot") != here["boot"] or holder.get("pidns") != here["pidns"]:
+        return None
+    now = _process_start(pid)
+    if now == start:
+        return None
+    return f"process {pid} on this host has exited" + (" (its PID now runs another process)" if now else "")
 
 
 def _lease_model(mlc: MlflowClient, name: str) -> str:
@@ -133,7 +186,7 @@ def promotion_lock(
             mlc.create_model_version(
                 lease_model,
                 LEASE_SOURCE,
-                tags={"owner": owner, "lease_s": f"{lease_s:g}"},
+                tags={"owner": owner, "lease_s": f"{lease_s:g}", TAG_HOLDER: holder_identity()},
                 description="waiting",
                 # A lease version has no files to wait for; MLflow would log "Waiting up to 300 seconds".
                 await_creation_for=0,
@@ -157,18 +210,24 @@ def promotion_lock(
             ]
             if not ahead:
                 break
-            for v in ahead:  # expired by its holder's own lease length, measured on the server's clock
+            for v in ahead:
+                # Expired by its holder's own lease length, measured on the server's clock; or held by a process
+                # of this host that has certainly exited (a crashed gate need not wait out the lease).
                 if int(v.last_updated_timestamp) + _lease_length(v, lease_s) * 1000 < now_ms:
-                    try:
-                        mlc.delete_model_version(lease_model, v.version)
-                        print(
-                            f"registry: broke the expired promotion lease {v.version} of "
-                            f"{(v.tags or {}).get('owner', '?')} (not renewed for "
-                            f"{_lease_length(v, lease_s):g}s)"
-                        )
-                    except MlflowException as e:
-                        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
-                            raise
+                    why = f"not renewed for {_lease_length(v, lease_s):g}s"
+                else:
+                    why = holder_gone(v)
+                if why is None:
+                    continue
+                try:
+                    mlc.delete_model_version(lease_model, v.version)
+                    print(
+                        f"registry: broke the promotion lease {v.version} of "
+                        f"{(v.tags or {}).get('owner', '?')} ({why})"
+                    )
+                except MlflowException as e:
+                    if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+                        raise
             if time.monotonic() > deadline:
                 holder = (ahead[0].tags or {}).get("owner", "?")
                 raise PromotionLockTimeout(

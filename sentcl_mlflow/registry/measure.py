@@ -18,15 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry.rules import (
-    REFUSED,
-    TAG_REFUSED,
-    TAG_STATE,
-    Scores,
-    version_weights,
-    weight_file_digests,
-    weights_fingerprint,
-)
+from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, Scores
 from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
 from sentcl_mlflow.pyfunc_checks import ManifestUnavailableError, WeightsMismatchError
 from sentcl_mlflow.registry.download import download_verified, st_folder_in
@@ -129,13 +121,13 @@ def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:
     mlc.set_model_version_tag(name, version, TAG_STATE, REFUSED)
 
 
-def _refused(mlc: MlflowClient, name: str, version: str, reason: str) -> GateRefusedError:
+def refusal(mlc: MlflowClient, name: str, version: str, reason: str) -> GateRefusedError:
     """``version`` tagged refused, and the one line that says so (for the caller to raise)."""
     refuse(mlc, name, version, reason)
     return GateRefusedError(f"gate refused {name} version {version}: {reason}; champion not moved")
 
 
-def _unscorable(e: Exception) -> str:
+def unscorable(e: Exception) -> str:
     return f"cannot be scored ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
@@ -148,26 +140,7 @@ def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) ->
     try:
         root = download_verified(uri, dest)
     except (WeightsMismatchError, ManifestUnavailableError) as e:
-        raise _refused(mlc, name, version, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
-    return root
-
-
-def verified_candidate(mlc: MlflowClient, name: str, version: Any, dest: Path, weights_tag: bool) -> Path:
-    """``verified_download`` of ``version`` (a ModelVersion of ``name``); with ``weights_tag``, its weights tag
-    must also name the weights its verified files hold: the "already champion" check and the rolled-back block
-    read that tag, and a candidates model's registrar may edit its versions' tags. A mismatch (or no tag, or no
-    weights to hash): tagged refused, :class:`GateRefusedError` in one line."""
-    number = str(version.version)
-    root = verified_download(mlc, name, number, dest)
-    if weights_tag:
-        claimed = version_weights(version.tags or {}) or ""
-        try:
-            actual = weights_fingerprint(weight_file_digests(st_folder_in(root)))
-        except (OSError, ValueError) as e:  # no sentence-transformers folder, no weight file in it
-            raise _refused(mlc, name, number, _unscorable(e)) from None
-        if claimed != actual:
-            reason = f"its weights hash to {actual[:12]}, not {claimed[:12] or 'nothing'} (its weights tag)"
-            raise _refused(mlc, name, number, reason)
+        raise refusal(mlc, name, version, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
     return root
 
 
@@ -199,5 +172,5 @@ def measure(
                 scores.append(scorer(v, root))
             # No sentence-transformers folder, or one the encoder cannot load: no model the gate can promote.
             except (OSError, ValueError) as e:
-                raise _refused(mlc, _model_of(v, name), str(v.version), _unscorable(e)) from None
+                raise refusal(mlc, _model_of(v, name), str(v.version), unscorable(e)) from None
         return scores

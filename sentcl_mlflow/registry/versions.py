@@ -29,6 +29,7 @@ from sentcl_mlflow.registry.names import (
     _now,
     _version_or_none,
 )
+from sentcl_mlflow.registry.owned import TAG_SIZES
 from sentcl_mlflow.store import git_commit
 
 if TYPE_CHECKING:
@@ -133,7 +134,7 @@ def _register_locked(
             return str(existing.version), False
     if callable(model_uri):  # logged only now that it is known to be needed
         model_uri, run_id = model_uri()
-    manifest = registration_manifest(model_uri, weights_sha256)
+    manifest, sizes = registration_manifest(model_uri, weights_sha256)
     all_tags = {
         TAG_STSB_DEV: f"{float(stsb_dev):.6f}",
         TAG_STS: json_dumps({k: round(float(v), 6) for k, v in sts_all.items()}),
@@ -143,6 +144,7 @@ def _register_locked(
     if weights_sha256:
         all_tags[TAG_WEIGHTS] = weights_sha256
     all_tags[TAG_MANIFEST] = json_dumps(manifest)
+    all_tags[TAG_SIZES] = json_dumps(sizes)
     if run_id:
         all_tags.setdefault("run_id", run_id)
     commit = git_commit()
@@ -155,9 +157,12 @@ def _register_locked(
     return version, True
 
 
-def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[str, str]:
-    """The manifest of what ``model_uri`` holds now, read back from the store; its weights must still be the
-    ones measured before the upload (``weights_sha256``), so a file swapped in between is not recorded."""
+def registration_manifest(
+    model_uri: str, weights_sha256: str | None
+) -> tuple[dict[str, str], dict[str, int]]:
+    """The manifest of what ``model_uri`` holds now, read back from the store, and each file's size; its weights
+    must still be the ones measured before the upload (``weights_sha256``), so a file swapped in between is not
+    recorded."""
     import tempfile
 
     import mlflow
@@ -165,6 +170,7 @@ def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[st
     with tempfile.TemporaryDirectory(prefix="sentcl-manifest-") as tmp:
         root = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=tmp))
         manifest = files_manifest(root) if root.is_dir() else {root.name: file_sha256(root)}
+        sizes = {rel: (root / rel if root.is_dir() else root).stat().st_size for rel in manifest}
         if weights_sha256 and root.is_dir():
             try:
                 folder = st_folder_in(root)
@@ -176,7 +182,7 @@ def registration_manifest(model_uri: str, weights_sha256: str | None) -> dict[st
                     f"{model_uri}: the uploaded weights hash to {weights_fingerprint(digests)[:12]}..., "
                     f"not {weights_sha256[:12]}... measured before the upload; not registering them"
                 )
-    return manifest
+    return manifest, sizes
 
 
 def json_dumps(value: Any) -> str:

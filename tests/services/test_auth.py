@@ -7,6 +7,8 @@ the real apps, as the admin, the gate's account and an ordinary teammate's accou
 from __future__ import annotations
 
 import base64
+import contextlib
+import io
 import json
 import os
 import signal
@@ -348,22 +350,26 @@ def _write(path: Path, text: str) -> Path:
 
 HOLD_LEASE = """
 import sys, time
-from sentcl_mlflow.registry.lease import promotion_lock
-with promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
+from sentcl_mlflow.registry import lease as leases
+if sys.argv[4:] == ["elsewhere"]:  # a holder on another machine: nothing here can tell whether it still runs
+    leases.holder_identity = lambda: "{}"
+with leases.promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
     print("holding", lease.token, flush=True)
     time.sleep(float(sys.argv[3]))
 print("released", flush=True)
 """
 
 
-def _hold_lease(name: str, lease_s: float, hold_s: float, user: tuple[str, str]) -> subprocess.Popen:
+def _hold_lease(
+    name: str, lease_s: float, hold_s: float, user: tuple[str, str], where: str = "here"
+) -> subprocess.Popen:
     env = {
         **os.environ,
         "MLFLOW_TRACKING_USERNAME": user[0],
         "MLFLOW_TRACKING_PASSWORD": user[1],
     }
     process = subprocess.Popen(
-        [sys.executable, "-c", HOLD_LEASE, name, str(lease_s), str(hold_s)],
+        [sys.executable, "-c", HOLD_LEASE, name, str(lease_s), str(hold_s), where],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -429,7 +435,8 @@ def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder
     as_user(monkeypatch, GATE)
     mlc = store.client()
     # A live holder (renewing every lease_s / 3) is never broken, whatever the waiter's own clock says.
-    holder = _hold_lease(CONFIG.model_name, 3.0, 9.0, GATE)
+    # It runs "elsewhere" (no holder identity this host can check), as on another machine.
+    holder = _hold_lease(CONFIG.model_name, 3.0, 9.0, GATE, where="elsewhere")
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 10**6)  # the waiter's clock, far ahead
     with pytest.raises(PromotionLockTimeout, match="held by"):
@@ -448,6 +455,31 @@ def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder
         with pytest.raises(PromotionLeaseLost):
             lease.check()
     assert 2.0 < waited < 30, waited
+
+
+def test_a_dead_holders_lease_on_this_host_is_broken_at_once_and_a_live_one_never(auth_server, monkeypatch):
+    """A gate killed with -9 while it held the production lease (900 s) must not block the next one for 15
+    minutes: a contender on the same host and PID namespace finds the holder's process gone (its PID no longer
+    runs the process that started at the recorded moment) and breaks the lease at once, saying why. A live
+    holder on this host is waited for."""
+    _setup_as_admin(monkeypatch)
+    as_user(monkeypatch, GATE)
+    mlc = store.client()
+    holder = _hold_lease(CONFIG.model_name, 900.0, 120.0, GATE)
+    try:
+        with pytest.raises(PromotionLockTimeout, match="held by"):  # alive: not broken
+            with promotion_lock(CONFIG.model_name, wait_s=3, mlc=mlc):
+                pass
+    finally:
+        holder.kill()
+        holder.wait(30)
+    started = time.monotonic()
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), promotion_lock(CONFIG.model_name, wait_s=60, mlc=mlc) as lease:
+        waited = time.monotonic() - started
+        assert int(lease.token) >= 1
+    assert waited < 30, waited  # not the 900 s of its lease
+    assert f"process {holder.pid} on this host has exited" in out.getvalue(), out.getvalue()
 
 
 def start_prefect_server(port: int, env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -596,7 +628,7 @@ with get_client(sync_client=True) as client:
 
 def test_the_pools_template_refuses_job_variables_that_change_the_command(prefect_auth_server):
     """With the Prefect auth string alone, a flow run cannot run another command on the worker, change its
-    environment (the gate's MLflow account goes where MLFLOW_TRACKING_URI says) or its working directory."""
+    environment (the registrar's MLflow account goes where MLFLOW_TRACKING_URI says) or its working directory."""
     env = {
         **os.environ,
         "PREFECT_API_URL": prefect_auth_server,

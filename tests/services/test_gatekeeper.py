@@ -28,6 +28,7 @@ from sentcl_mlflow.registry.download import download_verified
 from sentcl_mlflow.registry.gate import promote
 from sentcl_mlflow.registry.gatekeeper import DOMAIN_DEV_ARTIFACT, TAG_GATE_INPUTS, gate_inputs_tag, verdict
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied
+from sentcl_mlflow.registry.names import production_experiment
 from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
@@ -195,8 +196,15 @@ def test_the_registrars_register_stage_asks_the_gate_process_which_promotes_a_fi
     mlc = store.client()
     champion = mlc.get_model_version_by_alias(PROD, "champion")
     assert champion.tags["gate.candidate"] == f"{CANDIDATES}/1" and champion.tags["gate.by"] == GATE[0]
-    assert champion.source == f"models:/{CANDIDATES}/1"  # MLflow's copy: the candidate's own files
-    download_verified(f"models:/{PROD}@champion", tmp_path / "champion")  # its manifest holds for the copy
+    # The gate's own upload of the files it scored: a run of the production experiment (the gate's alone),
+    # tagged with the manifest the gate computed, which is the candidate's registration manifest.
+    run = mlc.get_run(champion.run_id)
+    assert run.info.experiment_id == store.experiment_id(mlc, production_experiment())
+    assert champion.source == f"{run.info.artifact_uri}/model" and champion.tags["sentcl.state"] == "ready"
+    candidate = mlc.get_model_version(CANDIDATES, "1")
+    assert champion.tags["sentcl.manifest"] == candidate.tags["sentcl.manifest"]
+    assert champion.tags["weights.sha256"] == candidate.tags["weights.sha256"]
+    download_verified(f"models:/{PROD}@champion", tmp_path / "champion")  # its manifest holds for the upload
     assert mlc.get_model_version(CANDIDATES, "1").tags["gate.champion_version"] == str(champion.version)
     tags = mlc.get_model_version(CANDIDATES, "1").tags
     assert float(tags["gate.stsb_dev"]) == pytest.approx(spearman_of(release, kept, "STSb"), abs=0.05)
@@ -427,12 +435,14 @@ def test_a_non_dumpable_process_hides_its_environ_from_its_own_os_user(closed, t
 
 def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(tmp_path):
     """No `dvc repro validate` before `make serve`: the first table the gate finds is the one it keeps."""
+    from sentcl_mlflow.errors import GateDevSetError
     from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
 
     source = tmp_path / "processed" / "pairs.parquet"
     (tmp_path / "own").mkdir()
-    pinned = PinnedDevPairs(source, tmp_path / "own")
-    assert pinned.path() == source  # absent: the decision says so in one line, as without pinning
+    pinned = PinnedDevPairs(tmp_path, "processed/pairs.parquet", tmp_path / "own")
+    with pytest.raises(GateDevSetError, match="no dev pairs"):  # absent: the decision says so in one line
+        pinned.path()
     source.parent.mkdir()
     source.write_bytes(b"first table")
     copy = pinned.path()
@@ -440,3 +450,35 @@ def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(t
     source.write_bytes(b"written by the worker later")
     assert pinned.path() == copy and copy.read_bytes() == b"first table"
     assert pinned.sha256 == hashlib.sha256(b"first table").hexdigest()
+
+
+@pytest.mark.parametrize("planted", ["link", "folder-link", "fifo", "folder"])
+def test_what_the_worker_plants_in_place_of_the_dev_pairs_is_refused_never_followed(tmp_path, planted):
+    """The worker writes data/processed: a link to a secret there (or a linked folder on the way, a FIFO, a
+    folder) is refused in one line, and nothing of the secret is read or copied into the gate's folder."""
+    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
+
+    secret = tmp_path / "dot.env"
+    secret.write_text("MLFLOW_AUTH_ADMIN_PASSWORD=the-operators-secret\n")
+    data = tmp_path / "checkout" / "data"
+    data.mkdir(parents=True)
+    if planted == "folder-link":
+        (tmp_path / "elsewhere").mkdir()
+        (tmp_path / "elsewhere" / "pairs.parquet").symlink_to(secret)
+        (data / "processed").symlink_to(tmp_path / "elsewhere")
+    else:
+        (data / "processed").mkdir()
+        target = data / "processed" / "pairs.parquet"
+        {
+            "link": lambda: target.symlink_to(secret),
+            "fifo": lambda: os.mkfifo(target),
+            "folder": target.mkdir,
+        }[planted]()
+    own = tmp_path / "own"
+    own.mkdir()
+    pinned = PinnedDevPairs(tmp_path / "checkout", "data/processed/pairs.parquet", own)
+    with pytest.raises(GateDevSetError) as refused:
+        pinned.path()
+    assert "is not a regular file under" in str(refused.value) and "\n" not in str(refused.value)
+    assert list(own.iterdir()) == [] and pinned.copy is None

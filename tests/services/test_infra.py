@@ -148,7 +148,8 @@ def test_serve_and_stop_scripts_bind_loopback_only():
     assert (
         'PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"' in serve and 'HOST="${MLFLOW_HOST:-127.0.0.1}"' in serve
     )
-    assert "kill" in (INFRA / "stop.sh").read_text() and ".pid" in (INFRA / "stop.sh").read_text()
+    stop = (INFRA / "stop.sh").read_text() + (INFRA / "run-records.sh").read_text()
+    assert "kill" in stop and ".pid" in stop and ".start" in stop
 
 
 # ------------------------------------------------------------------------------ security, statically
@@ -316,8 +317,9 @@ def test_serve_reads_secrets_from_the_environment_and_runs_mlflow_with_basic_aut
     serve = (
         INFRA / "serve.sh"
     ).read_text()  # a missing secret: tests/services/test_serve_secrets.py runs the refusal
-    # .env is parsed, never sourced nor exported wholesale.
-    assert not re.search(r"^\s*(source|\.)\s", serve, re.M) and "set -a" not in serve
+    # .env is parsed, never sourced nor exported wholesale: the one file serve.sh sources is its own helpers.
+    assert re.findall(r"^\s*(?:source|\.)\s+(\S+)", serve, re.M) == ["infra/run-records.sh"]
+    assert "set -a" not in serve
     assert (
         "PREFECT_SERVER_API_AUTH_STRING=" in serve and "PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true" in serve
     )
@@ -697,3 +699,82 @@ def test_the_applications_s3_key_has_a_policy_of_its_own_buckets_only():
     assert "mc admin policy create local sentcl-app /etc/sentcl/minio-app-policy.json" in script
     assert 'mc admin policy attach local sentcl-app --user "$${S3_ACCESS_KEY}"' in script
     assert "attach local readwrite" not in script and "detach local readwrite" in script
+
+
+def _processes_with(marker: bytes) -> set[int]:
+    """PIDs whose environment holds ``marker`` (every process a test's make serve started inherits its
+    SENTCL_RUN_DIR), sandboxed ones included (root reads every /proc/<pid>/environ)."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker in (entry / "environ").read_bytes():
+                    found.add(int(entry.name))
+            except OSError:
+                pass
+    return found
+
+
+@pytest.mark.slow
+def test_make_serve_killed_mid_start_is_cleaned_up_by_the_next_and_make_stop_leaves_nothing(tmp_path):
+    """`make serve` killed (its whole process group, -9) once MLflow is starting: the servers it had started run
+    on. The next `make serve` finds them by their records (PID and start time), stops them, starts clean and is
+    ready; `make stop` then ends everything, and no process of either serve is left. gate.log is appended to."""
+    import signal
+    import time
+
+    if os.geteuid() != 0:
+        pytest.skip("reads every process's environment (the worker's account's too)")
+    prefect_port, mlflow_port = _free_port(), _free_port()
+    env_file = tmp_path / "dot.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in SECRETS.items()))
+    env_file.chmod(0o600)
+    env = serve_env(tmp_path, env_file, prefect_port, mlflow_port)
+    run = tmp_path / "run"
+    run.mkdir(mode=0o700)
+    (run / "gate.log").write_text("gate: a line from an earlier run\n")
+    marker = f"SENTCL_RUN_DIR={run}".encode()
+    # -o setup: the test's .venv as it is (a tree newer than its install stamp would reinstall into it).
+    make = ["make", "--no-print-directory", "-o", "setup", f"VENV={env['VENV']}"]
+    first = subprocess.Popen(
+        [*make, "serve"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        for line in first.stdout:
+            if line.startswith("serve: mlflow-server started"):
+                break
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(30)
+        # What it started runs on: MLflow finishes starting (its wrapper script has exec'd the server by then).
+        deadline = time.monotonic() + 180
+        while not _answers(f"http://127.0.0.1:{mlflow_port}/health"):
+            assert time.monotonic() < deadline, "the interrupted serve's MLflow never answered"
+            time.sleep(1)
+        left = _processes_with(marker)
+        assert left, (
+            "the interrupted make serve left nothing running: the test did not interrupt it mid-start"
+        )
+        again = subprocess.run(
+            [*make, "serve"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "the last make serve was interrupted before it was ready" in again.stdout, again.stdout
+        for name in ("prefect-server", "mlflow-server"):
+            assert re.search(rf"^stop: {name} \(pid \d+\) stopped$", again.stdout, re.M), again.stdout
+        assert "serve: ready" in again.stdout
+        assert not left & _processes_with(marker), "a process of the interrupted serve is still running"
+        log = (run / "gate.log").read_text()
+        assert log.startswith("gate: a line from an earlier run\n") and "gate: watching" in log, log
+    finally:
+        stop = subprocess.run([*make, "stop"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    deadline = time.monotonic() + 20
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _processes_with(marker), (stop.stdout, _processes_with(marker))

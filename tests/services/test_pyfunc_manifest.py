@@ -28,40 +28,52 @@ ENCODER = "artifacts/tiny-bert"  # the artifact `encoder`, under its folder's na
 SENTENCES = ["a man is playing a guitar", "a dog is running"]
 
 
-@pytest.fixture(scope="module")
-def registered(tiny_model):
-    import mlflow
-    from sentence_transformers import SentenceTransformer
-
-    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
-
+def log_tiny_pyfunc(tiny_model: Path, example_output: object) -> tuple[str, str]:
+    """``tiny_model`` logged the export stage's way (``runs.log_pyfunc_run``): (run id, model URI)."""
     store._configured = None
-    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)
     # Python as a user's shell runs it, writing bytecode (PYTHONDONTWRITEBYTECODE, set here, hid a bug).
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "dont_write_bytecode", False)
-        run_id, model_uri = runs.log_pyfunc_run(
+        return runs.log_pyfunc_run(
             "export",
             {"model": "tiny"},
             {"stsb_dev": 1.0},
             model_file=PYFUNC_MODEL,
             artifacts={"encoder": tiny_model},
             input_example=SENTENCES,
-            example_output=expected,
+            example_output=example_output,
             pip_requirements=["mlflow"],
         )
+
+
+def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:
+    """``tiny_model`` logged (``log_tiny_pyfunc``) and registered as ``name`` in the store in use, its manifest
+    recorded: (``models:/name/version``, the vectors of SENTENCES)."""
+    from sentence_transformers import SentenceTransformer
+
+    from sentcl.registry.rules import weight_file_digests, weights_fingerprint
+
+    expected = SentenceTransformer(str(tiny_model), device="cpu").encode(SENTENCES)
+    run_id, model_uri = log_tiny_pyfunc(tiny_model, expected)
     digests = weight_file_digests(tiny_model)
     version = register_candidate(
         model_uri,
         80.0,
         TABLE,
-        name=NAME,
+        name=name,
         run_id=run_id,
         tags={"weights_sha256": json.dumps(digests)},
         weights_sha256=weights_fingerprint(digests),
     )
-    uri = f"models:/{NAME}/{version}"
-    tags = mlflow.MlflowClient().get_model_version(NAME, version).tags
+    return f"models:/{name}/{version}", expected
+
+
+@pytest.fixture(scope="module")
+def registered(tiny_model):
+    import mlflow
+
+    uri, expected = register_tiny_pyfunc(tiny_model, NAME)
+    tags = mlflow.MlflowClient().get_model_version(NAME, uri.rsplit("/", 1)[1]).tags
     return {"uri": uri, "expected": expected, "manifest": json.loads(tags[pyfunc_checks.TAG_MANIFEST])}
 
 
@@ -143,12 +155,141 @@ def test_a_registered_copy_whose_registry_is_gone_is_not_loaded_unchecked(regist
 
     copy = Path(mlflow.artifacts.download_artifacts(registered["uri"], dst_path=str(tmp_path / "m")))
     empty = tmp_path / "other.db"
-    mlflow.set_tracking_uri(f"sqlite:///{empty}")
+    session_store = os.environ["MLFLOW_TRACKING_URI"]
+    mlflow.set_tracking_uri(f"sqlite:///{empty}")  # MLflow exports it in MLFLOW_TRACKING_URI too
     mlflow.set_registry_uri(f"sqlite:///{empty}")
     try:
         with pytest.raises(pyfunc_checks.ManifestUnavailableError, match="refusing to load it unchecked"):
             mlflow.pyfunc.load_model(str(copy))
-    finally:
+    finally:  # back to the session's store, for the tests after this one
+        os.environ["MLFLOW_TRACKING_URI"] = session_store
+        mlflow.set_tracking_uri(session_store)
+        mlflow.set_registry_uri(session_store)
         store._configured = None
-        store.client()  # back to the session's store
+        store.client()
     shutil.rmtree(copy)
+
+
+def _load_in_a_process(uri: str, cwd: Path) -> str:
+    """``mlflow.pyfunc.load_model(uri)`` as any caller runs it, in a process of its own (writing bytecode, as
+    Python does by default): its last line, the error's type and message or 'loaded'."""
+    probe = (
+        "import sys; sys.dont_write_bytecode = False\nimport mlflow\n"
+        f"try: mlflow.pyfunc.load_model({uri!r})\n"
+        "except Exception as e: print(type(e).__name__, e)\n"
+        "else: print('loaded')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=cwd,
+        env=dict(os.environ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_changed_serving_code_in_the_store_never_runs_on_a_direct_load(registered, tmp_path):
+    """The model's own code changed where it is stored: `mlflow.pyfunc.load_model("models:/...")` refuses it
+    before MLflow imports it (sentcl_mlflow.verified_models checks the download), so it never runs: the
+    marker it would write stays absent, and the error is one line."""
+    import mlflow
+
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))  # the store's own folder
+    code = source / "pyfunc_encoder.py"
+    original = code.read_bytes()
+    marker = tmp_path / "the-changed-code-ran"
+    code.write_bytes(original + f"\nopen({str(marker)!r}, 'w').write('ran')\n".encode())  # runs on import
+    try:
+        last = _load_in_a_process(registered["uri"], tmp_path)
+    finally:
+        code.write_bytes(original)
+    assert not marker.exists()
+    assert last == (
+        f"ModelTamperedError {registered['uri']}: pyfunc_encoder.py changed since registration "
+        "(manifest sha256 mismatch); refusing to load it"
+    )
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # as registered: loads
+
+
+@pytest.mark.slow  # a process of its own that loads MLflow and torch
+def test_planted_bytecode_beside_the_serving_code_never_runs(registered, tmp_path):
+    """A ``.pyc`` that Python would run instead of the verified source (an unchecked hash-based one is never
+    compared with its source): refused before the import, the marker stays absent."""
+    import importlib.util
+    import py_compile
+
+    import mlflow
+
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))
+    marker = tmp_path / "the-planted-bytecode-ran"
+    evil = tmp_path / "pyfunc_encoder.py"
+    evil.write_bytes(
+        (source / "pyfunc_encoder.py").read_bytes() + f"\nopen({str(marker)!r}, 'w').write('ran')\n".encode()
+    )
+    cache = Path(importlib.util.cache_from_source(str(source / "pyfunc_encoder.py")))
+    kept = cache.read_bytes() if cache.exists() else None
+    py_compile.compile(
+        str(evil), cfile=str(cache), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+    )
+    try:
+        last = _load_in_a_process(registered["uri"], tmp_path)
+    finally:
+        if kept is None:
+            cache.unlink()
+        else:
+            cache.write_bytes(kept)
+    assert not marker.exists()
+    assert last.startswith(f"ModelTamperedError {registered['uri']}: __pycache__/pyfunc_encoder.") and (
+        "added since registration (bytecode that is not its verified source's)" in last
+    ), last
+
+
+@pytest.mark.slow  # a process of its own that loads MLflow and torch
+def test_the_gates_watch_of_the_champion_tells_a_load_in_place_from_a_change(registered, tmp_path):
+    """The gate process's check of the champion's stored files (``registry.champion.champion_problem``), on a local
+    store that a load in place wrote Python's cache and MLflow's note into: no false alarm; a changed serving
+    file, or foreign bytecode beside it, is found by the quick check as by the full one."""
+    import importlib.util
+    import py_compile
+
+    import mlflow
+
+    from sentcl_mlflow.registry.champion import champion_problem
+
+    mlc = mlflow.MlflowClient()
+    name, version = registered["uri"].removeprefix("models:/").split("/")
+    mlc.set_registered_model_alias(name, "champion", version)
+    assert _load_in_a_process(registered["uri"], tmp_path) == "loaded"  # writes __pycache__ into the store
+    source = Path(mlflow.artifacts.download_artifacts(registered["uri"]))
+    assert list(source.rglob("__pycache__")) and (source / "registered_model_meta").exists()
+    for full in (False, True):
+        assert champion_problem(mlc, name, tmp_path, full=full) is None, full
+    code = source / "pyfunc_encoder.py"
+    original = code.read_bytes()
+    cache = Path(importlib.util.cache_from_source(str(code)))
+    cached = cache.read_bytes()
+    try:
+        changed = original.replace(b"one vector per sentence", b"one vector per SENTENCE", 1)
+        assert len(changed) == len(original) and changed != original  # same size: only the hash tells
+        code.write_bytes(changed)
+        for full in (False, True):
+            found = champion_problem(mlc, name, tmp_path, full=full)
+            assert found is not None and "pyfunc_encoder.py changed since registration" in found[1], (
+                full,
+                found,
+            )
+        code.write_bytes(original)
+        evil = tmp_path / "pyfunc_encoder.py"
+        evil.write_bytes(original + b"\nimport os\n")
+        py_compile.compile(
+            str(evil), cfile=str(cache), invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH
+        )
+        found = champion_problem(mlc, name, tmp_path)
+        assert found is not None and "bytecode that is not its verified source's" in found[1], found
+    finally:
+        code.write_bytes(original)
+        cache.write_bytes(cached)
+        mlc.delete_registered_model_alias(name, "champion")

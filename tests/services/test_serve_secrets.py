@@ -155,3 +155,61 @@ def test_a_missing_secret_is_named_in_one_line_exit_2(tmp_path, missing):
     values = {k: v for k, v in GOOD.items() if k != missing}
     out, _ = serve(tmp_path, values)
     assert_refused_before_start(out, tmp_path, missing, "not set")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "rule"),
+    [
+        ("MLFLOW_AUTH_ADMIN_PASSWORD", " " * 20, "is blank (spaces only)"),
+        ("SENTCL_REGISTRAR_PASSWORD", "'" + " " * 24 + "'", "is blank (spaces only)"),  # quoted: still spaces
+        ("MLFLOW_FLASK_SERVER_SECRET_KEY", "a" * 24, "is one character repeated"),
+        ("PREFECT_AUTH_STRING", "admin:" + "x" * 20, "is one character repeated"),
+        ("SENTCL_TEAM_PASSWORD", "*" * 20, "is one character repeated"),  # a glob character, taken as itself
+    ],
+)
+def test_a_blank_or_one_repeated_character_secret_is_refused_naming_its_key(tmp_path, key, value, rule):
+    """Long enough, and no harder to guess than a short one: twenty spaces, one letter twenty times."""
+    out, _ = serve(tmp_path, {**GOOD, key: value, "SENTCL_TEAM_USER": "teammate"})
+    what = "the password of PREFECT_AUTH_STRING (user:password)" if key == "PREFECT_AUTH_STRING" else key
+    assert_refused_before_start(out, tmp_path, f"{what} {rule}")
+    assert value.strip(" '") not in out.stderr or not value.strip(" '")
+
+
+def test_a_blank_gate_password_in_the_environment_is_refused(tmp_path):
+    out, _ = serve(tmp_path, GOOD, SENTCL_GATE_PASSWORD=" " * 20)
+    assert_refused_before_start(out, tmp_path, "SENTCL_GATE_PASSWORD is blank (spaces only)")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "rule"),
+    [
+        ("SENTCL_GATE_PASSWORD", "g" * 20, "is one character repeated"),
+        ("SENTCL_REGISTRAR_PASSWORD", " " * 20, "is blank (spaces only)"),
+        ("SENTCL_TEAM_PASSWORD", "short-pw", "is shorter than 16 characters"),
+    ],
+)
+def test_auth_setup_refuses_the_same_passwords_before_it_reaches_a_server(key, value, rule):
+    """compose's mlflow-setup runs `auth setup` with the accounts' passwords on its stdin: the same rule, one
+    line, exit 2, before anything is created (no server is running here)."""
+    accounts = {
+        "SENTCL_GATE_USER": "sentcl-gate",
+        "SENTCL_GATE_PASSWORD": GATE_PASSWORD,
+        "SENTCL_REGISTRAR_USER": "sentcl-registrar",
+        "SENTCL_REGISTRAR_PASSWORD": GOOD["SENTCL_REGISTRAR_PASSWORD"],
+        "SENTCL_TEAM_USER": "teammate",
+        key: value,
+    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SENTCL_", "MLFLOW_TRACKING_"))}
+    env["MLFLOW_TRACKING_URI"] = "http://127.0.0.1:1"  # never reached
+    out = subprocess.run(
+        [sys.executable, "-m", "sentcl_mlflow.auth", "setup", "--env-stdin"],
+        cwd=ROOT,
+        env=env,
+        input="".join(f"{k}={v}\n" for k, v in accounts.items()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2, out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"auth: {key} {rule}"), out.stderr

@@ -18,7 +18,7 @@ from tests.paths import ROOT
 SANDBOX = ROOT / "infra" / "worker-sandbox.sh"
 
 # What the program inside reports: each attempt and whether it worked.
-PROBE = """
+ATTEMPTS = """
 import json, os, sys
 def attempt(fn):
     try:
@@ -29,6 +29,10 @@ def attempt(fn):
 def write(path):
     with open(path, "w") as f:
         f.write("x")
+"""
+PROBE = (
+    ATTEMPTS
+    + """
 checkout, outsider = sys.argv[1], int(sys.argv[2])
 print(json.dumps({
     "output": attempt(lambda: write(os.path.join(checkout, "out", "made.txt"))),
@@ -42,6 +46,7 @@ print(json.dumps({
     "capabilities": open("/proc/self/status").read().split("CapEff:")[1].split()[0],
 }))
 """
+)
 
 
 def _checkout(tmp_path: Path) -> Path:
@@ -177,3 +182,93 @@ def test_an_ordinary_user_gets_the_same_sandbox_through_a_user_namespace(tmp_pat
         assert (checkout / "out" / "made.txt").stat().st_uid == 65534  # written as that user, outside
     finally:
         shutil.rmtree(home, ignore_errors=True)
+
+
+UNPRIVILEGED = "sentcl-sandbox-test"  # made with useradd by the test that needs it (root only)
+
+PRIVATE = (
+    ATTEMPTS
+    + """
+home, planted = sys.argv[1], sys.argv[2]
+mounts = {line.split()[1]: line.split()[3].split(",") for line in open("/proc/self/mounts")}
+print(json.dumps({
+    "uid": os.getuid(),
+    "output": attempt(lambda: write(os.path.join("out", "made.txt"))),
+    "tmp": sorted(os.listdir("/tmp")),
+    "planted_seen": os.path.exists(planted),
+    "tmp_writable": attempt(lambda: write("/tmp/scratch")),
+    "home": sorted(os.listdir(home)),
+    "kept": sorted(os.listdir(os.path.join(home, "tools", "bin"))),
+    "nodev": sorted(path for path in ("/tmp", "/dev/shm", os.path.abspath("out")) if "nodev" in mounts.get(path, [])),
+}))
+"""
+)
+
+
+def test_as_root_the_sandbox_runs_as_an_unprivileged_account_with_a_private_tmp(tmp_path):
+    """make serve as root: --user runs the command as an unprivileged account; /tmp is its own (what another
+    process leaves there, a gate's download say, is not in sight), the operator's home is covered but for the
+    paths the command needs (--keep), and what it may write is nodev."""
+    import pwd
+    import shutil
+    import tempfile
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to an unprivileged account")
+    if subprocess.run(["id", "-u", UNPRIVILEGED], capture_output=True).returncode != 0:
+        subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--shell",
+                "/usr/sbin/nologin",
+                UNPRIVILEGED,
+            ],
+            check=True,
+        )
+    account = pwd.getpwnam(UNPRIVILEGED)
+    base = Path(tempfile.mkdtemp(prefix="sandbox-user-"))  # under /tmp, outside root's private pytest folder
+    home = Path(
+        tempfile.mkdtemp(prefix="operator-home-")
+    )  # the operator's home: history, profile, a kept tool
+    planted = (
+        Path(tempfile.mkdtemp(prefix="sentcl-gate-")) / "pairs.parquet"
+    )  # another process's file in /tmp
+    try:
+        checkout = _checkout(base)
+        base.chmod(0o755)
+        shutil.chown(checkout / "out", UNPRIVILEGED)
+        (home / ".bash_history").write_text("export SENTCL_GATE_PASSWORD=typed-in-a-shell\n")
+        (home / "tools" / "bin").mkdir(parents=True)
+        (home / "tools" / "bin" / "tool").write_text("a program the command needs")
+        (home / "tools" / "notes").write_text("not needed")
+        home.chmod(0o700)
+        planted.write_text("the gate's copy")
+        planted.parent.chmod(0o755)
+        planted.chmod(0o644)
+        python = "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+        run = subprocess.run(
+            ["bash", str(SANDBOX), "--writable", "out", "--hide", ".env", "--cover", str(home)]
+            + ["--keep", str(home / "tools" / "bin"), "--user", UNPRIVILEGED, "--", python, "-c", PRIVATE]
+            + [str(home), str(planted)],
+            cwd=checkout,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            umask=0o077,  # make serve's: the folders on the way to a kept path must still be traversable
+        )
+        assert run.returncode == 0, run.stderr
+        found = json.loads(run.stdout)
+        assert found["uid"] == account.pw_uid != 0
+        assert found["output"] and (checkout / "out" / "made.txt").stat().st_uid == account.pw_uid
+        # Only the ways to what it needs are bound back: the checkout's and the kept tool's.
+        assert not found["planted_seen"] and found["tmp"] == sorted([base.name, home.name])
+        assert found["tmp_writable"] and not Path("/tmp/scratch").exists()  # its own /tmp, not the host's
+        assert found["home"] == ["tools"] and found["kept"] == ["tool"]  # no history, no profile
+        assert found["nodev"] == sorted(["/tmp", "/dev/shm", str(checkout / "out")])
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.rmtree(home, ignore_errors=True)
+        shutil.rmtree(planted.parent, ignore_errors=True)

@@ -49,6 +49,7 @@ BAD = {
     "evaluate pooling": (lambda p: p["evaluate"].update(pooling="max"), "evaluate.pooling"),
     "registry margin": (lambda p: p["registry"].update(min_delta=-0.1), "registry.min_delta"),
     "flows timeout": (lambda p: p["flows"].update(retries="two"), "flows.retries"),
+    "serve body limit": (lambda p: p["serve"].update(max_body_bytes=0), "serve.max_body_bytes"),
     "retrain method": (lambda p: p["retrain"].update(method="gpl"), "retrain.method"),
     "distill without a teacher": (
         lambda p: p["retrain"].update(method="distill") or p["teacher"].update(model="none"),
