@@ -82,7 +82,6 @@ def test_no_selection_pair_is_a_test_pair_and_no_unseen_sentence_was_read(tables
     assert [p[:2] for p in read_sets["benchmark sick_trial"]] == [p[:2] for p in read_sets["gate sick_trial"]]
 
 
-
 @pytest.mark.parametrize("into", ["tuning sick_trial", "benchmark sick_trial", "gate sick_trial"])
 def test_one_test_pair_slipped_into_a_selection_set_is_found(tables, read_sets, trained, into):
     pairs, _ = tables

@@ -40,7 +40,8 @@ def digests(clone: Path) -> dict[str, str]:
     """Every output file of the pulled stages, by path: its md5 as DVC computes it."""
     import hashlib
 
-    files = [p for stage in ("data/raw", "models/base") for p in sorted((clone / stage).rglob("*")) if p.is_file()]
+    folders = (clone / "data" / "raw", clone / "models" / "base")
+    files = [p for folder in folders for p in sorted(folder.rglob("*")) if p.is_file()]
     return {str(p.relative_to(clone)): hashlib.md5(p.read_bytes()).hexdigest() for p in files}
 
 
@@ -51,7 +52,8 @@ def test_a_second_clone_pulls_the_outputs_and_reruns_nothing(tmp_path):
     out = dvc(first, "repro", *STAGES)
     assert all(f"Running stage '{stage}'" in out for stage in STAGES), out
     dvc(first, "push")
-    run(first, "git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "outputs of fetch and base")
+    author = ("-c", "user.name=t", "-c", "user.email=t@t")
+    run(first, "git", *author, "commit", "-qam", "outputs of fetch and base")
 
     run(tmp_path, "git", "clone", "-q", str(first), str(second))
     dvc(second, "remote", "add", "--local", "-d", "team", str(remote))
