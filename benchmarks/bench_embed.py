@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's packages
+
+from sentcl.params import ROOT  # noqa: E402
 
 BACKENDS = {"torch fp32": "sentence-transformers", "onnx fp32": "onnx", "onnx int8": "int8"}
 

@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's packages
+
+from sentcl.params import ROOT  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,9 +14,13 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import IO, Any
 
 import yaml
+
+# The checkout this code runs from: params.yaml, data/, models/ (in a DVC temporary workspace, that workspace).
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class ParamsLoader(yaml.SafeLoader):

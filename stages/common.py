@@ -9,10 +9,9 @@ from typing import Any, NoReturn
 
 import yaml
 
-from sentcl.params import load_yaml
+from sentcl.params import ROOT, load_yaml
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 RAW = DATA / "raw"  # fetch: SentEval layout + MANIFEST.json
 PROCESSED = DATA / "processed"  # validate: pairs.parquet, nli.parquet
