@@ -29,7 +29,7 @@ from sentcl.training.agreement import AgreementConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.store import TrackingConfig
-from stages.common import METRICS, load_params, params_label, relabel
+from stages.common import METRICS, load_params
 from stages.training import stage_config
 from stages.transfer import transfer_config
 
@@ -78,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check(params)
     except ValueError as exc:
-        print(relabel(str(exc), params_label(params)), file=sys.stderr)
+        print(params.relabel(str(exc)), file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as exc:  # the training stages' own check has printed its one line
         return int(exc.code or EXIT_BAD_INPUT)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     # Constant content: a parameter change must not make every stage stale through this file.
     args.output.write_text(json.dumps({"params": "valid"}) + "\n")
-    print(f"check_params: {params_label(params)} is valid ({len(SECTIONS)} sections)")
+    print(f"check_params: {params.label} is valid ({len(SECTIONS)} sections)")
     return 0
 
 

@@ -261,10 +261,11 @@ def main(argv: list[str] | None = None) -> int:
         # Set in this process only: /proc/<pid>/environ shows the environment it started with, not this.
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = args.user, password
         del password
+    from sentcl.params import read_params
     from sentcl.registry.rules import GateConfig
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client, load_params_file
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client
 
-    params = load_params_file(args.params)
+    params = read_params(args.params)
     source = GateConfig.from_params(params).candidate_model_name
     try:
         client()
