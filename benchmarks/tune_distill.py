@@ -38,9 +38,9 @@ from typing import Any
 import yaml
 
 from benchmarks.bench_domain import score
+from sentcl.params import merge
 from sentcl.training.data import read_seen, stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.profile import merge
 from stages.training import load_pairs
 
 DEFAULT_VARIANTS = {

@@ -94,6 +94,10 @@ class Params(Mapping[str, Any]):
         return cmd
 
 
+# Params dump as the mapping they are (a model card's params.yaml, a sweep cell's params file).
+yaml.SafeDumper.add_representer(Params, lambda dumper, params: dumper.represent_dict(dict(params)))
+
+
 def read_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -> Params:
     """The one reader of params.yaml (or ``path``), with ``overrides`` (``key=value``, DVC's ``-S`` syntax; a key
     params.yaml lacks needs ``+key=value``) applied. A missing, unreadable or malformed file, or an override that

@@ -11,7 +11,6 @@ and data, so a profile meant for a GPU cannot rot unnoticed (``make test`` does 
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import shlex
 import subprocess
@@ -21,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from sentcl.params import load_yaml
+from sentcl.params import load_yaml, merge
 from stages.common import ROOT, SHARED_MIRROR, load_params
 
 
@@ -35,16 +34,6 @@ def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             flat[name] = value
     return flat
-
-
-def merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """``base`` with ``overrides`` applied key by key (nested mappings merge)."""
-    out = copy.deepcopy(base)
-    for key, value in overrides.items():
-        out[key] = (
-            merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-        )
-    return out
 
 
 def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:

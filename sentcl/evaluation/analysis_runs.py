@@ -21,6 +21,7 @@ from sentcl.evaluation.benchmark import load_benchmark, score_vectors
 from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
+from sentcl.params import merge
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +159,7 @@ def summarize_freq_tokens(rows: list[dict[str, Any]], label: str, analysis: Path
 def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) -> dict[str, Any]:
     """params.yaml for one cell: ``overrides`` go into the ``transfer.base`` recipe (``texts``/``max_texts`` into
     ``transfer``), so every cell has the same encoder dropout and a grid compares views, not dropout."""
-    p = json.loads(json.dumps(params))
+    p = merge(params, {})  # a copy of its own
     stage_keys = {k: v for k, v in overrides.items() if k in ("texts", "max_texts")}
     recipe = {k: v for k, v in overrides.items() if k not in stage_keys}
     # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run. Set

@@ -308,8 +308,8 @@ def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
 def test_no_cpu_default_in_a_stage_section_shadows_a_profiles_train_setting():
     """A stage's section wins over `train`: a key params.yaml sets in a stage section (transfer.eval_steps for the
     CPU profile) would silently beat a profile's `train` value unless the profile sets that section's key too."""
+    from sentcl.params import merge
     from stages.common import ROOT
-    from stages.profile import merge
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     stages = ("pretrain_nli", "joint", "transfer")
