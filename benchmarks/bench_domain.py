@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -57,11 +56,11 @@ from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
 from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
 from sentcl.evaluation.sts import STSEvaluator, cosine, spearman100
-from sentcl.params import ParamsError
+from sentcl.params import Params, ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
 from sentcl.training.agreement import AgreementConfig, hold_out
 from sentcl.training.data import read_seen, stsb_dev
-from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub
+from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub, params_arguments
 from stages.training import fail, load_pairs, read_texts, seen_file
 from stages.transfer import read_domain_dev
 
@@ -153,17 +152,15 @@ def transfer(
     flow's run of ``objective`` (retrain.distill_steps for distill) unless --steps says; returns its model folder,
     metrics and wall time."""
     output = work / name
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", args.recipe]
-    cmd += ["--texts", setting["text"], "--objective", objective, "--output", str(output)]
-    cmd += [setting["flag"], setting["dev"]] if setting["flag"] else []
-    cmd += ["--stage", name, "--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "ckpt")]
-    cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
+    options = {"--init": init, "--recipe": args.recipe, "--texts": setting["text"], "--objective": objective}
+    options |= {"--output": output, **({setting["flag"]: setting["dev"]} if setting["flag"] else {})}
+    options |= {"--stage": name, "--metrics-dir": work / "metrics", "--checkpoints-dir": work / "ckpt"}
     # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
     steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
-    steps = steps or retrain_steps(params, objective)
-    cmd += ["--steps", str(steps)] if steps else []
-    cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
-    cmd += ["--teacher-vectors", setting["teacher"]] if objective == "distill" else []
+    options |= {"--processed": args.processed, "--steps": steps or retrain_steps(params, objective)}
+    options |= {"--max-texts": args.max_texts or None}
+    options |= {"--teacher-vectors": setting["teacher"] if objective == "distill" else None}
+    cmd = params.command("stages.transfer", options)
     print(f"bench-domain: {name}: {objective} from {init}", flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
@@ -179,11 +176,12 @@ def stage_env() -> dict[str, str]:
     return dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
 
 
-def teacher_stage(teacher: str, args: argparse.Namespace, text: str, output: Path, extra: list[str]) -> float:
+def teacher_stage(
+    teacher: str, args: argparse.Namespace, text: str, output: Path, extra: dict[str, Any], params: Params
+) -> float:
     """The teacher stage on ``text`` into ``output`` (what distill learns from); its wall seconds."""
-    cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text, "--no-benchmark"]
-    cmd += ["--output", str(output), *extra, "--processed", str(args.processed)]
-    cmd += ["--params", args.params] if args.params else []
+    options = {"--model": teacher, "--texts": text, "--no-benchmark": True, "--output": output, **extra}
+    cmd = params.command("stages.teacher", {**options, "--processed": args.processed})
     print(f"bench-domain: teacher {teacher} -> {output.name}", flush=True)
     start = time.perf_counter()
     done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
@@ -193,14 +191,15 @@ def teacher_stage(teacher: str, args: argparse.Namespace, text: str, output: Pat
 
 
 def check_teacher(
-    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, min_delta: float
+    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, params: Params
 ) -> dict[str, Any]:
     """The teacher stage on the text and the dev pairs (``work/teacher``), with the starting model scored beside
     the teacher; ``nothing_to_distil``: the one line, when it is not better."""
     seconds = teacher_stage(
-        teacher, args, text, work / "teacher", ["--domain-dev", str(dev), "--student", init]
+        teacher, args, text, work / "teacher", {"--domain-dev": dev, "--student": init}, params
     )
     scores = json.loads((work / "teacher" / "teacher.json").read_text())["domain_dev"]
+    min_delta = GateConfig.from_params(params).min_delta
     line = teacher_not_better(teacher, scores["teacher"], scores["student"], min_delta)
     print(
         f"bench-domain: domain dev: teacher {scores['teacher']:.2f}, starting model {scores['student']:.2f}"
@@ -219,8 +218,8 @@ def label_free_setting(
     train, held = hold_out(texts, config.heldout_share, config.heldout_max, params["seed"])
     folder = work / "label-free"
     text = write_text(train, folder / "text.txt")
-    extra = ["--heldout", str(write_text(held, folder / "heldout.txt"))] if held else []
-    seconds = teacher_stage(teacher, args, str(text), folder / "teacher", extra)
+    extra = {"--heldout": write_text(held, folder / "heldout.txt") if held else None}
+    seconds = teacher_stage(teacher, args, str(text), folder / "teacher", extra, params)
     agreement = folder / "teacher" / "agreement.tsv"
     print(f"bench-domain: label-free: {len(held):,} of {len(texts):,} sentences held out", flush=True)
     return {
@@ -312,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="override transfer steps (each run of a method)")
     parser.add_argument("--tsdae-steps", type=int, help="steps of a tsdae run (default: --steps)")
     parser.add_argument("--max-texts", help="use a seeded sample of this many sentences")
-    parser.add_argument("--params", help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument(
         "--processed", default=str(PROCESSED), help="folder with pairs.parquet (STS-B dev, SICK)"
     )
@@ -323,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     offline_hub()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     gate = GateConfig.from_params(params)
     if args.init not in ("base", "champion") and not Path(args.init).is_dir():
         fail(f"--from {args.init}: neither base, champion nor a model folder")
@@ -360,9 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         labelled = {"text": text_path, "flag": "--domain-dev", "dev": str(dev_path)}
         labelled |= {"selection": "domain_dev", "teacher": str(work / "teacher")}
-        checked = (
-            check_teacher(teacher, init, args, text_path, dev_path, work, gate.min_delta) if teacher else None
-        )
+        checked = check_teacher(teacher, init, args, text_path, dev_path, work, params) if teacher else None
         distils = teacher and not checked["nothing_to_distil"]
         free = label_free_setting(teacher, args, texts, params, work) if distils else None
         agreement = read_domain_dev(free["dev"], "--agreement") if free and free["dev"] else []

@@ -29,7 +29,6 @@ import argparse
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 import yaml
 
 from benchmarks.bench_domain import score
-from sentcl.params import merge
+from sentcl.params import merge, write_params
 from sentcl.training.data import read_seen, stsb_dev
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
 from stages.training import load_pairs
@@ -93,19 +92,10 @@ def run_variant(
     name: str, overrides: dict[str, Any], params: dict[str, Any], work: Path, teacher: Path
 ) -> tuple[Path, float]:
     folder = work / name
-    folder.mkdir(parents=True, exist_ok=True)
-    params_file = folder / "params.yaml"
-    params_file.write_text(yaml.safe_dump(merge(params, nest(overrides)), sort_keys=False))
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", "base", "--params", str(params_file)]
-    cmd += [
-        "--output",
-        str(folder / "model"),
-        "--stage",
-        f"tune-{name}",
-        "--metrics-dir",
-        str(folder / "metrics"),
-    ]
-    cmd += ["--checkpoints-dir", str(folder / "ckpt"), "--teacher-vectors", str(teacher)]
+    variant = write_params(merge(params, nest(overrides)), folder / "params.yaml")
+    options = {"--init": "base", "--output": folder / "model", "--stage": f"tune-{name}"}
+    options |= {"--metrics-dir": folder / "metrics", "--checkpoints-dir": folder / "ckpt"}
+    cmd = variant.command("stages.transfer", {**options, "--teacher-vectors": teacher})
     print(f"tune-distill: {name}: {overrides or 'params.yaml as it is'}", flush=True)
     started = time.perf_counter()
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1")

@@ -72,10 +72,10 @@ from sentcl.data.domain import (
     teacher_not_better,
     write_sentences,
 )
-from sentcl.params import ParamsError
+from sentcl.params import Params, ParamsError
 from sentcl.registry.rules import DEV_GUARDS, GateConfig
 from sentcl.training.agreement import AgreementConfig, hold_out_file
-from stages.common import PROCESSED, RAW, ROOT, load_params
+from stages.common import PROCESSED, RAW, ROOT, load_params, params_arguments
 
 RUNS = ROOT / "runs" / "retrain"
 PY = sys.executable
@@ -100,7 +100,7 @@ def check_text(domain_text: str, files: list[Path] | None) -> dict[str, Any]:
 
 
 @stage_task(SETTINGS)
-def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
+def fetch_init(work: Path, base_model: str) -> dict[str, Any]:
     """The champion's folder and its registered scores; the base model when nothing is registered yet.
 
     Retried (params.yaml ``flows.retries``, ``flows.retry_delay_s`` apart) when MLflow or its artifact store has
@@ -114,10 +114,9 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
     if champion is None:
         from sentcl.model.encoder import resolve_model_path
 
-        name = load_params(Path(params) if params else None)["model"]["name"]
-        print(f"retrain: no champion registered yet; starting from the base model {name}")
+        print(f"retrain: no champion registered yet; starting from the base model {base_model}")
         # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
-        return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
+        return {"version": None, "folder": resolve_model_path(base_model), "sts_row": None}
     version, row = champion
     folder = download_model(f"models:/{gate_config().model_name}/{version}", work / "champion-download")
     print(f"retrain: starting from champion version {version} (stsb_dev {row['stsb_dev']})")
@@ -126,7 +125,7 @@ def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
 
 @task(cache_policy=NO_CACHE)
 def prepare_text(
-    domain_text: str, files: list[Path] | None, init_folder: str, work: Path, params: str | None = None
+    domain_text: str, files: list[Path] | None, init_folder: str, work: Path, max_tokens: int
 ) -> dict[str, Any]:
     """Deduplicated text for the transfer stage; lines over the init's token limit are counted (the tokenizer
     truncates them there, as every anchor does), not refused."""
@@ -134,7 +133,6 @@ def prepare_text(
 
     from sentcl.model.encoder import resolve_model_path
 
-    max_tokens = int(load_params(Path(params) if params else None)["model"]["max_length"])
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init_folder))
     text = read_domain_text(
         domain_text,
@@ -160,24 +158,27 @@ def ensure_data() -> None:
 
 @stage_task(SETTINGS)
 def teacher_vectors(
-    model: str, texts: str, init: str, work: Path, env: dict[str, str], options: dict[str, Any]
+    settings: Params,
+    model: str,
+    texts: str,
+    init: str,
+    work: Path,
+    env: dict[str, str],
+    options: dict[str, Any],
 ) -> dict[str, Any]:
     """The teacher stage on the domain text (and the domain dev pairs, scored with the init beside it) into
     ``work/teacher``; its record (``teacher.json``). The STS sentences are left out: a retrain reads none."""
     output = work / "teacher"
-    cmd = [PY, "-m", "stages.teacher", "--model", model, "--texts", texts, "--output", str(output)]
-    cmd += ["--no-benchmark", "--processed", str(options.get("processed") or PROCESSED)]
-    cmd += (
-        ["--domain-dev", str(options["domain_dev"]), "--student", init] if options.get("domain_dev") else []
-    )
-    cmd += ["--heldout", str(options["heldout"])] if options.get("heldout") else []
-    cmd += ["--params", str(options["params"])] if options.get("params") else []
-    run_stage(cmd, env=env)
+    flags = {"--model": model, "--texts": texts, "--output": output, "--no-benchmark": True}
+    flags |= {"--processed": options.get("processed") or PROCESSED, "--domain-dev": options.get("domain_dev")}
+    flags |= {"--student": init if options.get("domain_dev") else None, "--heldout": options.get("heldout")}
+    run_stage(settings.command("stages.teacher", flags), env=env)
     return json.loads((output / "teacher.json").read_text())
 
 
 @stage_task(SETTINGS)
 def transfer(
+    settings: Params,
     init: str,
     texts: str,
     work: Path,
@@ -187,39 +188,35 @@ def transfer(
     options: dict[str, Any],
 ) -> dict[str, Any]:
     """One transfer run (``objective`` from ``init``); its model folder and its training record.
-    ``options``: steps, domain_dev, agreement, params, processed, teacher_vectors (None: the stage's defaults)."""
+    ``options``: steps, domain_dev, agreement, processed, teacher_vectors (None: the stage's defaults)."""
     output = work / "models" / stage
-    cmd = [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
-    cmd += ["--stage", stage, "--objective", objective, "--metrics-dir", str(work / "metrics")]
-    cmd += ["--checkpoints-dir", str(work / "checkpoints")]
-    cmd += ["--processed", str(options.get("processed") or PROCESSED)]
-    cmd += ["--steps", str(options["steps"])] if options.get("steps") else []
-    cmd += ["--domain-dev", str(options["domain_dev"])] if options.get("domain_dev") else []
-    cmd += ["--agreement", str(options["agreement"])] if options.get("agreement") else []
-    cmd += ["--params", str(options["params"])] if options.get("params") else []
-    if objective == "distill":
-        cmd += ["--teacher-vectors", str(options["teacher_vectors"])]
-    run_stage(cmd, env=env)
+    flags = {"--init": init, "--texts": texts, "--output": output, "--stage": stage, "--objective": objective}
+    flags |= {"--metrics-dir": work / "metrics", "--checkpoints-dir": work / "checkpoints"}
+    flags |= {"--processed": options.get("processed") or PROCESSED, "--steps": options.get("steps") or None}
+    flags |= {"--domain-dev": options.get("domain_dev"), "--agreement": options.get("agreement")}
+    flags |= {"--teacher-vectors": options["teacher_vectors"] if objective == "distill" else None}
+    run_stage(settings.command("stages.transfer", flags), env=env)
     record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
     return {"stage": stage, "objective": objective, "output": str(output), **record}
 
 
 @stage_task(SETTINGS)
 def evaluate(
-    models: dict[str, str], output: Path, env: dict[str, str], raw: str | None = None
+    settings: Params, models: dict[str, str], output: Path, env: dict[str, str], raw: str | None = None
 ) -> dict[str, Any]:
-    cmd = [PY, "-m", "stages.evaluate", "--output", str(output), "--no-progress", "--data", str(raw or RAW)]
-    for name, folder in models.items():
-        cmd += ["--model", f"{name}={folder}"]
-    run_stage(cmd, env=env)
+    flags = {"--output": output, "--no-progress": True, "--data": raw or RAW}
+    flags |= {"--model": [f"{name}={folder}" for name, folder in models.items()]}
+    run_stage(settings.command("stages.evaluate", flags), env=env)
     return json.loads(output.read_text())
 
 
 @stage_task(SETTINGS)
-def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict[str, Any]:
+def export_and_gate(
+    settings: Params, options: dict[str, Any], summary: Path, env: dict[str, str]
+) -> dict[str, Any]:
     # The slot serialises gates across every flow on this Prefect server; the stage adds its file lock.
     with promotion_slot():
-        run_stage([PY, "-m", "stages.export", *args, "--summary", str(summary)], env=env)
+        run_stage(settings.command("stages.export", {**options, "--summary": summary}), env=env)
     return json.loads(summary.read_text())
 
 
@@ -235,12 +232,13 @@ def retrain(
     params: str | None = None,
     processed: str | None = None,
     raw: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Transfer the champion to ``domain_text``, register the better of init and result, run the gate.
 
     ``domain_text``: a file or folder; default the inbox (``SENTCL_INBOX``, its new files only).
-    ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml (the
-    transfer stage and the init read it). ``processed``: a folder with pairs.parquet instead of data/processed
+    ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml, and
+    ``overrides`` (``key=value``) over it: the flow reads them once and every stage it starts gets both. ``processed``: a folder with pairs.parquet instead of data/processed
     (then `dvc repro validate` is not run). ``raw``: a SentEval-layout folder instead of data/raw for the
     evaluation before the gate. ``keep``: leave the work folder after a successful run."""
     from prefect.runtime import flow_run
@@ -258,7 +256,7 @@ def retrain(
             f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
         )
         return {"status": "nothing new", "registered_version": None, "archived": []}
-    settings = load_params(Path(params) if params else None)
+    settings = load_params(params, overrides or ())
     method = chosen_method(settings, method)
     teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
     # Each run's steps, checked before any work: distill trains retrain.distill_steps (a nightly budget) unless
@@ -285,11 +283,11 @@ def retrain(
         }
     )
 
-    init = fetch_init(work, params)
-    text = prepare_text(domain_text, files, init["folder"], work, params)
+    init = fetch_init(work, settings["model"]["name"])
+    text = prepare_text(domain_text, files, init["folder"], work, int(settings["model"]["max_length"]))
     if not processed:
         ensure_data()
-    options = {"steps": steps, "domain_dev": domain_dev, "params": params, "processed": processed}
+    options = {"steps": steps, "domain_dev": domain_dev, "processed": processed}
     options["teacher_vectors"] = str(work / "teacher")
     base: dict[str, Any] = {
         "method": method,
@@ -318,7 +316,9 @@ def retrain(
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
         own = {**options, "steps": run_steps[objective]}
-        run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own)
+        run = transfer(
+            settings, model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own
+        )
         runs.append(run)
         model = run["output"]
     base["runs"] = [
@@ -338,7 +338,9 @@ def retrain(
         # The last run that beat its init holds the final weights (a later run that did not returned them).
         winner = [r for r in runs if r.get("beat_init")][-1]
         dev = domain_dev or options.get("agreement")  # the gate compares on what selection read
-        gated = register_and_gate(init, init_name, winner, work, env, dev, sha, trigger, raw, processed)
+        gated = register_and_gate(
+            settings, init, init_name, winner, work, env, dev, sha, trigger, raw, processed
+        )
         result = {**base, **gated}
         result["status"] = "gated"
         print(describe(result))
@@ -352,11 +354,11 @@ def check_teacher(
     work: Path,
     env: dict[str, str],
     options: dict[str, Any],
-    settings: dict[str, Any],
+    settings: Params,
 ) -> dict[str, Any]:
     """The teacher's vectors of the text in ``work/teacher``, and teacher against student on the domain dev
     pairs: ``nothing_to_distil`` (the one line said) when the teacher is not better by registry.min_delta."""
-    record = teacher_vectors(teacher, texts, init, work, env, options)
+    record = teacher_vectors(settings, teacher, texts, init, work, env, options)
     scores = record.get("domain_dev")
     if scores is None:
         print(f"retrain: no --domain-dev pairs: teacher {teacher} is not checked against the student")
@@ -370,6 +372,7 @@ def check_teacher(
 
 
 def register_and_gate(
+    settings: Params,
     init: dict[str, Any],
     init_name: str,
     last: dict[str, Any],
@@ -388,23 +391,21 @@ def register_and_gate(
     # Re-scored when its registered scores lack a dev guard (a version registered before the gate read it).
     if row is None or not row.get("all") or any(row.get(guard) is None for guard in DEV_GUARDS):
         to_evaluate[init_name] = init["folder"]
-    sts = evaluate(to_evaluate, work / "sts.json", env, raw)
+    sts = evaluate(settings, to_evaluate, work / "sts.json", env, raw)
     if init_name not in sts:
         sts[init_name] = init["sts_row"]  # the champion's registered scores: same protocol, no re-run
     (work / "candidates.json").write_text(json.dumps(sts, indent=2) + "\n")
 
-    export_args = ["--sts", str(work / "candidates.json"), "--output", str(work / "export")]
-    export_args += ["--model", f"{stage}={retrained}", "--model", f"{init_name}={init['folder']}"]
-    export_args += ["--train-metrics", str(work / "metrics" / "train")]
-    export_args += ["--tag", f"domain_text_sha256={sha}", "--tag", f"trigger={trigger}"]
+    options = {"--sts": work / "candidates.json", "--output": work / "export"}
+    options |= {"--model": [f"{stage}={retrained}", f"{init_name}={init['folder']}"]}
+    options |= {"--train-metrics": work / "metrics" / "train"}
+    options |= {"--tag": [f"domain_text_sha256={sha}", f"trigger={trigger}"]}
     # Static int8 calibrates on what this run trained on (prepare_text wrote it), not on the pipeline's text.
-    export_args += ["--calibration-text", str(work / "texts.txt"), "--data", str(raw or RAW)]
-    export_args += ["--processed", str(processed)] if processed else []  # the gate's dev pairs
-    if domain_dev:
-        export_args += ["--domain-dev", str(domain_dev)]
-        if init["version"]:
-            export_args += ["--champion-candidate", f"{init_name}={init['version']}"]
-    return export_and_gate(export_args, work / "export.json", env)
+    options |= {"--calibration-text": work / "texts.txt", "--data": raw or RAW}
+    options |= {"--processed": processed, "--domain-dev": domain_dev}  # the gate's dev pairs
+    if domain_dev and init["version"]:
+        options["--champion-candidate"] = f"{init_name}={init['version']}"
+    return export_and_gate(settings, options, work / "export.json", env)
 
 
 def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: bool) -> dict[str, Any]:
@@ -448,11 +449,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, help="override transfer steps (smoke runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder after a successful run")
+    params_arguments(parser)
     args = parser.parse_args(argv)
     args.domain_text = args.domain_text or str(inbox())
     # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
-        retrain_method(load_params())
+        retrain_method(load_params(args.params, args.overrides))
         files = new_files(args.domain_text, inbox())
         if files is not None and not files:
             print(f"retrain: nothing new in {args.domain_text}; nothing registered")
@@ -464,7 +466,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with cli_errors("retrain"):
             check_prefect_api()
-            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, keep=args.keep)
+            retrain(
+                args.domain_text,
+                args.domain_dev,
+                args.work_dir,
+                args.steps,
+                keep=args.keep,
+                params=args.params,
+                overrides=args.overrides,
+            )
     except (DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2

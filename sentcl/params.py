@@ -56,6 +56,7 @@ class Params(Mapping[str, Any]):
 
     def __init__(self, values: Mapping[str, Any], file: Path, label: str, overrides: Sequence[str] = ()):
         self._values, self.file, self.label, self.overrides = dict(values), file, label, tuple(overrides)
+        self.stamp: tuple[int, int, int] | None = None  # the file as read (read_params: not read twice)
 
     def __getitem__(self, key: str) -> Any:
         return self._values[key]
@@ -102,10 +103,17 @@ def read_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -
     """The one reader of params.yaml (or ``path``), with ``overrides`` (``key=value``, DVC's ``-S`` syntax; a key
     params.yaml lacks needs ``+key=value``) applied. A missing, unreadable or malformed file, or an override that
     names no key, is a :class:`ParamsError`: one line naming the file (and line), for exit code 2. The process's
-    params from then on (:func:`process_params`)."""
+    params from then on (:func:`process_params`); asked again for the same file, unchanged since, and the same
+    overrides (a flow's command line checks them, then its flow runs in the same process), they are not read again."""
     global _process
     file = Path(path) if path else ROOT / FILE
     label = str(path) if path else FILE
+    if _process is not None and (_process.file.resolve(), _process.overrides) == (
+        file.resolve(),
+        tuple(overrides),
+    ):
+        if _process.stamp is not None and _process.stamp == _stamp(file):
+            return _process
     try:
         with open(file) as f:
             values = load_yaml(f)
@@ -120,7 +128,24 @@ def read_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -
     if not isinstance(values, dict):
         raise ParamsError(f"{label}: must be a mapping of sections, got {type(values).__name__}")
     _process = Params(apply_overrides(values, overrides, label), file, label, overrides)
+    _process.stamp = _stamp(file)
     return _process
+
+
+def _stamp(file: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = file.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+def write_params(values: Mapping[str, Any], path: Path) -> Params:
+    """``values`` as a params file of their own at ``path`` (a sweep cell, a tuning variant: what its stage run
+    reads, kept beside its results); the :class:`Params` that stands for it, for :meth:`Params.command`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(dict(values), sort_keys=False))
+    return Params(values, path, str(path))
 
 
 _process: Params | None = None

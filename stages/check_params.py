@@ -29,7 +29,7 @@ from sentcl.training.agreement import AgreementConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.store import TrackingConfig
-from stages.common import METRICS, load_params
+from stages.common import METRICS, load_params, params_arguments
 from stages.training import stage_config
 from stages.transfer import transfer_config
 
@@ -71,10 +71,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--params", type=Path, help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument("--output", type=Path, default=METRICS / "params_ok.json")
     args = parser.parse_args(argv)
-    params = load_params(args.params)
+    params = load_params(args.params, args.overrides)
     try:
         check(params)
     except ValueError as exc:

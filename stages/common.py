@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,20 @@ CHECKPOINTS = ROOT / "checkpoints"  # resume state, removed when a stage complet
 METRICS = ROOT / "metrics"  # uncached metrics and curves (git-tracked)
 PLOTS = ROOT / "plots"
 SHARED_MIRROR = ROOT.parent / "shared" / "senteval"  # the team mirror beside a checkout
+
+
+def params_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--params FILE`` and ``--set KEY=VALUE``: what an entry point reads (``load_params(args.params,
+    args.overrides)``) and gives again to every stage it starts (``Params.command``)."""
+    parser.add_argument("--params", help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a params value for this run, as `dvc exp run -S` takes it: transfer.lr=1e-5 (+KEY=VALUE adds a key)",
+    )
 
 
 def load_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -> Params:

@@ -31,7 +31,7 @@ from sentcl.model import teacher as T
 from sentcl.params import ParamsError
 from sentcl.training import teacher_run as R
 from sentcl.training.agreement import AgreementConfig
-from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub
+from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub, params_arguments
 from stages.training import load_nli, load_pairs
 
 log = logging.getLogger("stages.teacher")
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--raw", type=Path, default=RAW)
     parser.add_argument("--processed", type=Path, default=DATA / "processed")
-    parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument(
         "--domain-dev",
         type=Path,
@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         fail("teacher: --student is scored on --domain-dev pairs; give them too")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     try:
         run(
             params,

@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.domain_dev and args.agreement:
         fail("transfer: --domain-dev and --agreement: give one (scored pairs win; the flow passes one)")
     training.setup_logging()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     section = params.get("transfer", {})
     stage, recipe = recipes.transfer_run(args.init, args.stage, args.recipe)
     output = Path(args.output) if args.output else Path(args.models_dir) / stage

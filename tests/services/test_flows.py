@@ -403,8 +403,7 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
         with pytest.raises(ParamsError, match=message.replace("+", r"\+")):
             retrain_method({**params, "retrain": bad})
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
-    monkeypatch.setattr(module, "load_params", lambda path=None: {**params, "retrain": {"method": "gpl"}})
-    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    assert module.main(["--domain-text", str(tmp_path / "text.txt"), "--set", "retrain.method=gpl"]) == 2
     err = capsys.readouterr().err.strip()
     assert "retrain.method 'gpl'" in err and len(err.splitlines()) == 1
 
@@ -679,9 +678,8 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     with pytest.raises(ParamsError, match="retrain.method distill\\+contrastive .* teacher.model is none"):
         retrain_teacher(params | {"teacher": {**params["teacher"], "model": "none"}}, "distill+contrastive")
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
-    bad = {**params, "retrain": {"method": "distill"}, "teacher": {**params["teacher"], "model": "none"}}
-    monkeypatch.setattr(module, "load_params", lambda path=None: bad)
-    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    bad = ["--set", "retrain.method=distill", "--set", "teacher.model=none"]
+    assert module.main(["--domain-text", str(tmp_path / "text.txt"), *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "retrain.method distill" in err and "teacher.model is none" in err
 
