@@ -51,7 +51,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.data.domain import RETRAIN_METHODS, retrain_steps, retrain_teacher, teacher_not_better
+from sentcl.data.domain import RETRAIN_METHODS, retrain_overrides, retrain_teacher, teacher_not_better
 from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
 from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
@@ -149,7 +149,7 @@ def transfer(
     params: dict[str, Any],
 ) -> tuple[Path, dict[str, Any], float]:
     """One run of the transfer stage in ``setting`` (its text, selection flag and teacher), as long as the retrain
-    flow's run of ``objective`` (retrain.distill_steps for distill) unless --steps says; returns its model folder,
+    flow's run of ``objective`` (retrain.transfer over the recipe) unless --steps says; returns its model folder,
     metrics and wall time."""
     output = work / name
     options = {"--init": init, "--recipe": args.recipe, "--texts": setting["text"], "--objective": objective}
@@ -157,7 +157,7 @@ def transfer(
     options |= {"--stage": name, "--metrics-dir": work / "metrics", "--checkpoints-dir": work / "ckpt"}
     # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
     steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
-    options |= {"--processed": args.processed, "--steps": steps or retrain_steps(params, objective)}
+    options |= {"--processed": args.processed, "--steps": steps}
     options |= {"--max-texts": args.max_texts or None}
     options |= {"--teacher-vectors": setting["teacher"] if objective == "distill" else None}
     cmd = params.command("stages.transfer", options)
@@ -323,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     offline_hub()
     params = load_params(args.params, args.overrides)
+    try:  # what the retrain flow's stages read: retrain.transfer over transfer (a distill run's steps)
+        params = params.overlaid(retrain_overrides(params))
+    except ParamsError as exc:
+        fail(str(exc))
     gate = GateConfig.from_params(params)
     if args.init not in ("base", "champion") and not Path(args.init).is_dir():
         fail(f"--from {args.init}: neither base, champion nor a model folder")

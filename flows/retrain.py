@@ -18,7 +18,7 @@ contrastive transfer from its output) | distill | distill+contrastive. A run in 
 its init registers nothing.
 
 A distill method learns from params ``teacher.model`` (``none`` with a distill method: one line, exit 2, before
-any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the
+any work), for the steps ``retrain.transfer`` sets over ``transfer:`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the
 domain text and the ``--domain-dev`` pairs into the work folder and scores teacher and student (the init) on
 those pairs; a teacher not better by more than ``registry.min_delta`` is said in one line and nothing is trained
 or registered (the inbox is archived, as on "no gain"): there is nothing to learn from it. Without
@@ -67,7 +67,7 @@ from sentcl.data.domain import (
     read_domain_text,
     read_scored_pairs,
     retrain_method,
-    retrain_steps,
+    retrain_overrides,
     retrain_teacher,
     teacher_not_better,
     write_sentences,
@@ -257,13 +257,10 @@ def retrain(
         )
         return {"status": "nothing new", "registered_version": None, "archived": []}
     settings = load_params(params, overrides or ())
+    # What every stage of the retrain reads: params.yaml with retrain.transfer over transfer (a distill run's steps).
+    settings = settings.overlaid(retrain_overrides(settings))
     method = chosen_method(settings, method)
     teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
-    # Each run's steps, checked before any work: distill trains retrain.distill_steps (a nightly budget) unless
-    # the run was given steps.
-    run_steps = {
-        objective: steps or retrain_steps(settings, objective) for objective in RETRAIN_METHODS[method]
-    }
     checked = check_text(domain_text, files)
     if domain_dev:
         read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
@@ -315,7 +312,7 @@ def retrain(
             base["selected_on"] = "teacher_agreement"
     runs, model = [], init["folder"]
     for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
-        own = {**options, "steps": run_steps[objective]}
+        own = {**options, "steps": steps}
         run = transfer(
             settings, model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own
         )

@@ -11,6 +11,7 @@ rate would arrive as text. This loader is PyYAML's safe loader with YAML 1.2's f
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import sys
@@ -186,6 +187,28 @@ def apply_overrides(values: Mapping[str, Any], overrides: Sequence[str], label: 
             raise ParamsError(f"{label}: override {override!r}: no key {key!r} (+{key}=... adds one)")
         node[last] = load_yaml(text)
     return out
+
+
+def dotted(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings as dotted keys; lists, scalars and empty mappings are leaves (DVC sets a list whole)."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(dotted(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def as_overrides(values: Mapping[str, Any], params: Mapping[str, Any]) -> list[str]:
+    """Nested ``values`` as ``key=value`` overrides of ``params`` (``+key=value`` for a key it lacks), each value
+    JSON, which YAML reads back as written (lists, null, numbers): what ``--set`` and ``dvc exp run -S`` take."""
+    existing = dotted(params)
+    return [
+        f"{'' if key in existing else '+'}{key}={json.dumps(value, separators=(',', ':'))}"
+        for key, value in dotted(values).items()
+    ]
 
 
 def merge(base: Mapping[str, Any], over: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -18,14 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from sentcl import params_check as rules
-from sentcl.data.domain import retrain_method, retrain_steps
+from sentcl.data.domain import RETRAIN_METHODS, retrain_method, retrain_overrides
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
-from sentcl.params import FlowConfig
+from sentcl.params import FlowConfig, ParamsError, apply_overrides
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
+from sentcl.training import recipes
 from sentcl.training.agreement import AgreementConfig
+from sentcl.training.config import ConfigError, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.store import TrackingConfig
@@ -44,6 +46,17 @@ def _check_training(params: dict[str, Any]) -> None:
     rules.check_transfer_text(params)
 
 
+def _check_retrain_runs(params: dict[str, Any]) -> None:
+    """A retrain's runs as the flow builds them: each objective a retrain method trains, from a model folder
+    (recipe base), with ``retrain.transfer`` over ``transfer:``."""
+    overlaid = apply_overrides(params, retrain_overrides(params))
+    for objective in sorted({o for objectives in RETRAIN_METHODS.values() for o in objectives}):
+        try:
+            TrainConfig.from_sections(recipes.transfer_sections(overlaid, "base", {"objective": objective}))
+        except ConfigError as exc:
+            raise ParamsError(f"params.yaml: retrain.transfer: {exc}") from None
+
+
 CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("top level", rules.check_top),
     ("model", rules.check_model),
@@ -52,7 +65,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("teacher", TeacherConfig.from_params),
     ("retrain", retrain_method),
     ("retrain held-out share", AgreementConfig.from_params),
-    ("retrain distill steps", lambda params: retrain_steps(params, "distill")),
+    ("retrain runs", _check_retrain_runs),
     ("evaluate", rules.check_evaluate),
     ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),

@@ -11,39 +11,22 @@ and data, so a profile meant for a GPU cannot rot unnoticed (``make test`` does 
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sentcl.params import load_yaml, merge
+from sentcl.params import as_overrides, load_yaml, merge
 from stages.common import ROOT, SHARED_MIRROR, load_params
 
 
-def flatten(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings to dotted keys; lists and scalars are leaves (DVC sets a list as a whole)."""
-    flat: dict[str, Any] = {}
-    for key, value in values.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, name + "."))
-        else:
-            flat[name] = value
-    return flat
-
-
-def set_flags(profile: Path, params: dict[str, Any] | None = None) -> list[str]:
-    existing = set(flatten(params if params is not None else load_params()))
-    overrides = flatten(load_yaml(Path(profile).read_text()) or {})
-    # JSON is valid YAML, so DVC parses lists, null and numbers back to what the profile says.
-    return [
-        f"-S={'' if key in existing else '+'}{key}={json.dumps(value, separators=(',', ':'))}"
-        for key, value in overrides.items()
-    ]
+def set_flags(profile: Path, params: Mapping[str, Any]) -> list[str]:
+    """``dvc exp run``'s ``-S`` flags for ``profile``'s values over ``params``."""
+    return [f"-S={override}" for override in as_overrides(load_yaml(Path(profile).read_text()) or {}, params)]
 
 
 def smoke(profile: Path, model: Path, processed: Path, raw: Path, work: Path) -> None:
@@ -103,7 +86,7 @@ def main(argv: list[str] | None = None) -> None:
     if len(args.profile) != 1:
         parser.error("give one profile")
     name = args.name or Path(args.profile[0]).stem
-    command = ["dvc", "exp", "run", "-n", name, *set_flags(Path(args.profile[0]))]
+    command = ["dvc", "exp", "run", "-n", name, *set_flags(Path(args.profile[0]), load_params())]
     print(" ".join(shlex.quote(part) for part in command))
     if args.run:
         raise SystemExit(subprocess.run(command).returncode)

@@ -20,7 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from sentcl.params import ParamsError, one_of, read_section, whole_number
+
+from sentcl.params import ParamsError, as_overrides, dotted, one_of, read_section
 
 MIN_SENTENCES = 2  # in-batch negatives need at least two distinct sentences
 UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")  # an upload or download still going
@@ -34,15 +35,15 @@ RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
     "distill": ("distill",),
     "distill+contrastive": ("distill", "contrastive"),
 }
-# method: what trains; distill_steps: how long a distill run trains; the rest: the held-out share that selects and
-# gates without labels (sentcl.training.agreement)
+# method: what trains; transfer: what a retrain's runs train with over params ``transfer:`` (its distill steps);
+# the rest: the held-out share that selects and gates without labels (sentcl.training.agreement)
 RETRAIN_KEYS = (
     "method",
-    "distill_steps",
     "heldout_share",
     "heldout_max",
     "agreement_neighbours",
     "agreement_random",
+    "transfer",
 )
 
 log = logging.getLogger("sentcl.data.domain")
@@ -60,13 +61,18 @@ def retrain_method(params: Mapping[str, Any]) -> str:
     return method
 
 
-def retrain_steps(params: Mapping[str, Any], objective: str) -> int | None:
-    """The steps of a retrain run of ``objective``: params.yaml ``retrain.distill_steps`` for distill (a nightly
-    budget, shorter than the pipeline's transfer.distillation.steps); None for the others (their recipe's)."""
-    if objective != "distill":
-        return None
-    section = read_section(params, "retrain", RETRAIN_KEYS)
-    return whole_number(section["distill_steps"], "retrain.distill_steps", minimum=1)
+def retrain_overrides(params: Mapping[str, Any]) -> list[str]:
+    """params.yaml ``retrain.transfer``, what a retrain's runs train with over ``transfer:`` (a distill run's steps:
+    a nightly budget, shorter than the pipeline's), as ``--set`` overrides: ``transfer.distillation.steps=600``.
+    Every key it names is a key of ``transfer:``."""
+    overlay = read_section(params, "retrain", RETRAIN_KEYS)["transfer"]
+    if not isinstance(overlay, Mapping):
+        raise ParamsError(f"params.yaml: retrain.transfer must be a mapping over transfer:, got {overlay!r}")
+    known = dotted(params.get("transfer") or {})
+    for key in dotted(overlay):
+        if key not in known:
+            raise ParamsError(f"params.yaml: retrain.transfer.{key}: transfer.{key} is not in params.yaml")
+    return as_overrides({"transfer": overlay}, params)
 
 
 def chosen_method(params: Mapping[str, Any], method: str | None) -> str:

@@ -745,7 +745,7 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     _distill_params(options, teacher, min_delta=0.0)
     params = yaml.safe_load(Path(options["params"]).read_text())
     params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
-    params["retrain"].update(distill_steps=4)  # the flow's distill runs train this long, not the pipeline's
+    params["retrain"]["transfer"] = {"distillation": {"steps": 4}}  # not the pipeline's transfer's steps
     Path(options["params"]).write_text(yaml.safe_dump(params))
     encode = FastEncoder(teacher, backend="torch")
 
@@ -765,7 +765,7 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     assert not result["teacher"]["nothing_to_distil"]
     (run,) = result["runs"]
     assert run["objective"] == "distill" and run["selected_on"] == "domain_dev"
-    assert run["steps"] == 4  # retrain.distill_steps
+    assert run["steps"] == 4  # retrain.transfer.distillation.steps
     work = Path(result["work_dir"])
     assert json.loads((work / "teacher" / "teacher.json").read_text())["benchmark_sentences"] is False
     assert result["status"] == "gated", result
@@ -790,7 +790,7 @@ def test_without_domain_dev_a_distill_run_holds_out_text_and_selects_on_teacher_
     _distill_params(options, make_tiny_teacher(tmp_path), min_delta=0.0)
     params = yaml.safe_load(Path(options["params"]).read_text())
     params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
-    params["retrain"].update(heldout_share=0.25, distill_steps=3)
+    params["retrain"].update(heldout_share=0.25, transfer={"distillation": {"steps": 3}})
     Path(options["params"]).write_text(yaml.safe_dump(params))
     write_mini_senteval(tmp_path / "raw")
     sentences = tiny_sentences(40, seed=9)
@@ -810,7 +810,7 @@ def test_without_domain_dev_a_distill_run_holds_out_text_and_selects_on_teacher_
     assert result["heldout"]["agreement_pairs"] == len(pairs)
     assert result["selected_on"] == "teacher_agreement"
     (run,) = result["runs"]
-    assert run["selected_on"] == "teacher_agreement" and run["steps"] == 3  # retrain.distill_steps
+    assert run["selected_on"] == "teacher_agreement" and run["steps"] == 3  # retrain.transfer
     stage = f"retrain-{result['domain_text_sha256'][:8]}-distill"
     record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
     assert record["selected_on"] == "teacher_agreement"

@@ -132,19 +132,41 @@ def test_tsdae_recipe_comes_from_params_yaml():
     assert train_config().objective == params["transfer"]["objective"] == "contrastive"
 
 
-def test_a_retrain_distill_run_trains_retrain_distill_steps_and_the_other_objectives_their_recipe():
-    from sentcl.data.domain import retrain_steps
-    from sentcl.params import ParamsError
+def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objectives_their_recipe():
+    from sentcl.data.domain import retrain_overrides
+    from sentcl.params import ParamsError, apply_overrides
+    from stages.check_params import check
+    from stages.transfer import transfer_config
 
     params = yaml.safe_load(open("params.yaml"))
-    assert retrain_steps(params, "distill") == params["retrain"]["distill_steps"]
-    assert retrain_steps(params, "contrastive") is None and retrain_steps(params, "tsdae") is None
+    overlay = params["retrain"]["transfer"]["distillation"]["steps"]
+    assert retrain_overrides(params) == [f"transfer.distillation.steps={overlay}"]
+    retrain = apply_overrides(params, retrain_overrides(params))
+    steps = {
+        o: transfer_config(retrain, "base", {"objective": o}).steps
+        for o in ("distill", "contrastive", "tsdae")
+    }
+    assert steps == {
+        "distill": overlay,
+        "contrastive": params["transfer"]["steps"],
+        "tsdae": params["transfer"]["steps"],
+    }
+    assert overlay != params["transfer"]["distillation"]["steps"]  # the pipeline's own is longer
     for bad in (0, 2.5, True, "600"):
-        with pytest.raises(ParamsError, match="retrain.distill_steps must be a whole number >= 1"):
-            retrain_steps({**params, "retrain": {**params["retrain"], "distill_steps": bad}}, "distill")
-    rest = {k: v for k, v in params["retrain"].items() if k != "distill_steps"}
-    with pytest.raises(ParamsError, match="retrain.distill_steps is missing"):
-        retrain_steps({**params, "retrain": rest}, "distill")
+        bad_params = {
+            **params,
+            "retrain": {**params["retrain"], "transfer": {"distillation": {"steps": bad}}},
+        }
+        with pytest.raises(ParamsError, match=r"^params.yaml: retrain.transfer: steps: "):
+            check(bad_params)
+    unknown = {**params, "retrain": {**params["retrain"], "transfer": {"distillation": {"stepz": 600}}}}
+    with pytest.raises(
+        ParamsError, match="retrain.transfer.distillation.stepz: transfer.distillation.stepz is not"
+    ):
+        retrain_overrides(unknown)
+    rest = {k: v for k, v in params["retrain"].items() if k != "transfer"}
+    with pytest.raises(ParamsError, match="retrain.transfer is missing"):
+        retrain_overrides({**params, "retrain": rest})
 
 
 def test_tsdae_damage_deletes_whitespace_words_and_keeps_one(tiny_model):

@@ -292,10 +292,11 @@ def test_the_three_stages_end_to_end(tmp_path):
 
 
 def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
+    from sentcl.params import read_params
     from stages.common import ROOT
     from stages.profile import set_flags
 
-    flags = set_flags(ROOT / "profiles" / "paper.yaml")
+    flags = set_flags(ROOT / "profiles" / "paper.yaml", read_params())
     assert "-S=transfer.lr=5e-07" in flags and '-S=transfer.base.views=["feature_cutoff","shuffle"]' in flags
     assert (
         "-S=transfer.base.encoder_dropout=false" in flags and "-S=transfer.nli.encoder_dropout=true" in flags
