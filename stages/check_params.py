@@ -42,15 +42,14 @@ def _check_training(params: dict[str, Any]) -> None:
     stage_config(params, "joint", {"mode": "joint"})
     for recipe in INIT_NAMES:
         transfer_config(params, recipe, {})
-    transfer_config(params, "base", {"objective": "tsdae"})  # the retrain flow's TSDAE runs
     rules.check_transfer_text(params)
 
 
 def _check_retrain_runs(params: dict[str, Any]) -> None:
-    """A retrain's runs as the flow builds them: each objective a retrain method trains, from a model folder
+    """A retrain's runs as the flow builds them: each objective ``retrain.method`` trains, from a model folder
     (recipe base), with ``retrain.transfer`` over ``transfer:``."""
     overlaid = apply_overrides(params, retrain_overrides(params))
-    for objective in sorted({o for objectives in RETRAIN_METHODS.values() for o in objectives}):
+    for objective in RETRAIN_METHODS[retrain_method(params)]:
         try:
             TrainConfig.from_sections(recipes.transfer_sections(overlaid, "base", {"objective": objective}))
         except ConfigError as exc:
