@@ -169,11 +169,7 @@ def apply_overrides(values: Mapping[str, Any], overrides: Sequence[str], label: 
     set; ``+key=value`` may add a key, a plain ``key=value`` must name one that exists."""
     out = merge(values, {})
     for override in overrides:
-        key, sep, text = override.partition("=")
-        adds = key.startswith("+")
-        key = key.removeprefix("+")
-        if not sep or not key:
-            raise ParamsError(f"{label}: override {override!r} is not key=value")
+        key, value, adds = parse_override(override, label)
         *parents, last = key.split(".")
         node: Any = out
         for depth, part in enumerate(parents):
@@ -185,8 +181,18 @@ def apply_overrides(values: Mapping[str, Any], overrides: Sequence[str], label: 
             node = node[part]
         if last not in node and not adds:
             raise ParamsError(f"{label}: override {override!r}: no key {key!r} (+{key}=... adds one)")
-        node[last] = load_yaml(text)
+        node[last] = value
     return out
+
+
+def parse_override(override: str, label: str = FILE) -> tuple[str, Any, bool]:
+    """``key=value`` as (dotted key, value read as YAML 1.2, whether it may add the key: ``+key=value``)."""
+    key, sep, text = override.partition("=")
+    adds = key.startswith("+")
+    key = key.removeprefix("+")
+    if not sep or not key:
+        raise ParamsError(f"{label}: override {override!r} is not key=value")
+    return key, load_yaml(text), adds
 
 
 def dotted(values: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
