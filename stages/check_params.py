@@ -18,15 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from sentcl import params_check as rules
-from sentcl.data.domain import RETRAIN_METHODS, retrain_method, retrain_overrides
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
 from sentcl.params import FlowConfig, ParamsError, apply_overrides
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
+from sentcl.retrain.config import RetrainConfig
 from sentcl.training import recipes
-from sentcl.training.agreement import AgreementConfig
 from sentcl.training.config import ConfigError, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
@@ -48,8 +47,9 @@ def _check_training(params: dict[str, Any]) -> None:
 def _check_retrain_runs(params: dict[str, Any]) -> None:
     """A retrain's runs as the flow builds them: each objective ``retrain.method`` trains, from a model folder
     (recipe base), with ``retrain.transfer`` over ``transfer:``."""
-    overlaid = apply_overrides(params, retrain_overrides(params))
-    for objective in RETRAIN_METHODS[retrain_method(params)]:
+    config = RetrainConfig.from_params(params)
+    overlaid = apply_overrides(params, config.overrides)
+    for objective in config.objectives:
         try:
             TrainConfig.from_sections(recipes.transfer_sections(overlaid, "base", {"objective": objective}))
         except ConfigError as exc:
@@ -62,8 +62,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("data", FetchConfig.from_params),
     ("training", _check_training),
     ("teacher", TeacherConfig.from_params),
-    ("retrain", retrain_method),
-    ("retrain held-out share", AgreementConfig.from_params),
+    ("retrain", RetrainConfig.from_params),
     ("retrain runs", _check_retrain_runs),
     ("evaluate", rules.check_evaluate),
     ("export", QuantizeConfig.from_params),

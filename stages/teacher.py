@@ -29,8 +29,8 @@ from typing import Any
 
 from sentcl.model import teacher as T
 from sentcl.params import ParamsError
+from sentcl.retrain.agreement import AGREEMENT_FILE, AgreementConfig, agreement_lines
 from sentcl.training import teacher_run as R
-from sentcl.training.agreement import AgreementConfig
 from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub, params_arguments
 from stages.training import load_nli, load_pairs
 
@@ -67,7 +67,7 @@ def run(
 ) -> dict[str, Any]:
     """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``.
     With ``heldout`` (a domain text's held-out share, never trained on), also ``output/agreement.tsv``: pairs
-    among those sentences scored by the teacher (``sentcl.training.agreement``), the label-free dev set."""
+    among those sentences scored by the teacher (``sentcl.retrain.agreement``), the label-free dev set."""
     settings = T.TeacherConfig.from_params(params)
     pairs = R.read_dev_pairs(domain_dev)
     held = R.read_heldout(heldout)
@@ -86,8 +86,11 @@ def run(
             params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], benchmark, log
         )
         record = R.encode(encoder, sentences, model, folder, settings, pairs, student, benchmark)
-    lines = R.agreement_lines(record, held, agreement, params["seed"]) if agreement is not None else None
-    R.write_record(record, output, lines)
+    files = {}
+    if agreement is not None:
+        files[AGREEMENT_FILE] = "".join(agreement_lines(record, held, agreement, params["seed"]))
+        log.info("teacher: %d held-out sentences -> %s", len(held), record.meta["agreement"])
+    R.write_record(record, output, files)
     for line in R.summary_lines(record):
         log.info(line)
     return record.meta

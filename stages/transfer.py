@@ -40,9 +40,9 @@ from typing import Any
 from sentcl.data.domain import DomainTextError, read_flag_pairs
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.teacher import TeacherError, TeacherVectors
+from sentcl.retrain.agreement import agreement_summary
 from sentcl.training import data as training_data
 from sentcl.training import recipes
-from sentcl.training.agreement import agreement_summary
 from sentcl.training.config import TRANSFER_OBJECTIVES, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl.training.recipes import PRESETS

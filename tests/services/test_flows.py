@@ -389,8 +389,8 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, retrain_method
     from sentcl.params import ParamsError
+    from sentcl.retrain.config import RETRAIN_METHODS, retrain_method
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert retrain_method(params) == params["retrain"]["method"] in RETRAIN_METHODS
@@ -665,8 +665,8 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher
     from sentcl.params import ParamsError
+    from sentcl.retrain.config import RETRAIN_METHODS, retrain_teacher
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert RETRAIN_METHODS["distill+contrastive"] == ("distill", "contrastive")
