@@ -1,4 +1,10 @@
-"""Reading params.yaml as DVC writes it, and the one way every section of it is checked.
+"""params.yaml, read once a process, and the one way every section of it is checked.
+
+:func:`read_params` is the one reader: the file (``ROOT/params.yaml`` or ``--params``) with a command line's
+``--set key=value`` overrides applied, into a read-only :class:`Params` that remembers both, so that a stage the
+process starts gets the same file and the same overrides (:meth:`Params.command`, the one builder of those
+command lines). Code handed no config reads the process's (:func:`process_params`). :func:`merge` is the one
+merge of settings (sections over sections, overrides over values).
 
 PyYAML follows YAML 1.1, where a float needs a dot: ``1e-05`` is the *string* "1e-05". DVC (ruamel, YAML 1.2)
 writes exactly that for ``dvc exp run -S transfer.lr=1e-5``, so with ``yaml.safe_load`` an experiment's learning
