@@ -64,10 +64,12 @@ GPU_ARGS ?=
 bench-gpu: setup
 	$(PY) -m benchmarks.bench_gpu $(GPU_ARGS)
 
-# A named parameter profile (profiles/<name>.yaml) run as a DVC experiment: make exp PROFILE=paper
-PROFILE ?= paper
+# A DVC experiment: make exp SET="transfer.lr=1e-5 seed=1", make exp PROFILE=paper (profiles/<name>.yaml), or
+# both. Its values are checked as check_params checks them before DVC writes any: a refused one changes nothing.
+PROFILE ?=
+SET ?=
 exp: setup
-	$(PY) -m stages.profile profiles/$(PROFILE).yaml --run
+	$(PY) -m stages.profile $(if $(PROFILE),profiles/$(PROFILE).yaml) $(foreach s,$(SET),--set $(s)) --run
 
 # Evaluation throughput against plain sentence-transformers encode, both as whole processes, in one run.
 bench-eval: setup

@@ -12,10 +12,10 @@ Each method runs twice, as the retrain flow would: *labelled* (``--domain-dev``:
 STS-B dev a guard) and *label-free* (no dev pairs: a distill method holds out ``retrain.heldout_share`` of the
 text before the teacher stage, never trained on, and selects on the student's agreement with the teacher on
 pairs among those sentences; another method selects on STS-B dev). The table says whether the label-free run
-selected the same step as the labelled one. Each run is the real transfer stage, run as a subprocess with
-tracking off in a scratch folder; ``tsdae+contrastive`` is two runs: TSDAE, then the contrastive transfer from its
-output (the retrain flow's ``retrain.method`` values). Several ``--method`` run side by side, each from the same
-starting model.
+selected the same step as the labelled one. Each is the retrain flow's own procedure (``sentcl.retrain``: ``plan``
+and ``run``), its stages run as subprocesses with tracking off in a scratch folder; ``tsdae+contrastive`` is two
+runs: TSDAE, then the contrastive transfer from its output (the retrain flow's ``retrain.method`` values).
+Several ``--method`` run side by side, each from the same starting model.
 
 ``distill`` and ``distill+contrastive`` learn from params ``teacher.model`` (``none``: one line, exit 2). The
 teacher stage encodes the text once per mode; with the dev pairs it scores teacher and starting model on them
@@ -43,7 +43,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -52,16 +51,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from sentcl.data.domain import RETRAIN_METHODS, retrain_steps, retrain_teacher, teacher_not_better
 from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
 from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
 from sentcl.evaluation.sts import STSEvaluator, cosine, spearman100
 from sentcl.params import ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
-from sentcl.training.agreement import AgreementConfig, hold_out
+from sentcl.retrain.config import RETRAIN_METHODS, RetrainConfig
+from sentcl.retrain.plan import Plan, Step, plan
+from sentcl.retrain.run import Outcome, run
 from sentcl.training.data import read_seen, stsb_dev
-from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub
+from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub, params_arguments
 from stages.training import fail, load_pairs, read_texts, seen_file
 from stages.transfer import read_domain_dev
 
@@ -140,98 +140,29 @@ def test_splits(test: Pairs, cosines: np.ndarray, trained: list[str]) -> dict[st
     return {"all": round(spearman100(cosines, subset.gold), 2), **parts}
 
 
-def transfer(
-    init: str,
-    objective: str,
-    name: str,
-    args: argparse.Namespace,
-    setting: dict[str, Any],
-    work: Path,
-    params: dict[str, Any],
-) -> tuple[Path, dict[str, Any], float]:
-    """One run of the transfer stage in ``setting`` (its text, selection flag and teacher), as long as the retrain
-    flow's run of ``objective`` (retrain.distill_steps for distill) unless --steps says; returns its model folder,
-    metrics and wall time."""
-    output = work / name
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", args.recipe]
-    cmd += ["--texts", setting["text"], "--objective", objective, "--output", str(output)]
-    cmd += [setting["flag"], setting["dev"]] if setting["flag"] else []
-    cmd += ["--stage", name, "--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "ckpt")]
-    cmd += ["--processed", str(args.processed)] + (["--params", args.params] if args.params else [])
-    # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, two views).
-    steps = args.tsdae_steps if objective == "tsdae" and args.tsdae_steps else args.steps
-    steps = steps or retrain_steps(params, objective)
-    cmd += ["--steps", str(steps)] if steps else []
-    cmd += ["--max-texts", str(args.max_texts)] if args.max_texts else []
-    cmd += ["--teacher-vectors", setting["teacher"]] if objective == "distill" else []
-    print(f"bench-domain: {name}: {objective} from {init}", flush=True)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
-    if done.returncode:
-        raise SystemExit(f"bench-domain: the {name} run failed (exit {done.returncode}); its log is above")
-    metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
-    # What it actually trained on (the stage's record, after --max-texts): what the test pairs are split by.
-    metrics["trained"] = read_seen(seen_file(name, work / "metrics"))
-    return output, metrics, time.perf_counter() - start
+class StageRunner:
+    """Runs a retrain's stages as subprocesses with tracking off, and times them. A stage already run with the
+    same command (the same init, text and settings: CPU training repeats bit for bit) is not run again: a
+    ``tsdae+contrastive`` continues from the very run ``tsdae`` made, whose wall time it still counts."""
 
+    def __init__(self) -> None:
+        self.done: set[tuple[str, ...]] = set()
+        self.seconds: dict[str, float] = {}  # by output folder
 
-def stage_env() -> dict[str, str]:
-    return dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-
-
-def teacher_stage(teacher: str, args: argparse.Namespace, text: str, output: Path, extra: list[str]) -> float:
-    """The teacher stage on ``text`` into ``output`` (what distill learns from); its wall seconds."""
-    cmd = [sys.executable, "-m", "stages.teacher", "--model", teacher, "--texts", text]
-    cmd += ["--output", str(output), *extra, "--processed", str(args.processed)]
-    cmd += ["--params", args.params] if args.params else []
-    print(f"bench-domain: teacher {teacher} -> {output.name}", flush=True)
-    start = time.perf_counter()
-    done = subprocess.run(cmd, cwd=ROOT, env=stage_env())
-    if done.returncode:
-        raise SystemExit(f"bench-domain: the teacher stage failed (exit {done.returncode}); its log is above")
-    return round(time.perf_counter() - start, 1)
-
-
-def check_teacher(
-    teacher: str, init: str, args: argparse.Namespace, text: str, dev: Path, work: Path, min_delta: float
-) -> dict[str, Any]:
-    """The teacher stage on the text and the dev pairs (``work/teacher``), with the starting model scored beside
-    the teacher; ``nothing_to_distil``: the one line, when it is not better."""
-    seconds = teacher_stage(
-        teacher, args, text, work / "teacher", ["--domain-dev", str(dev), "--student", init]
-    )
-    scores = json.loads((work / "teacher" / "teacher.json").read_text())["domain_dev"]
-    line = teacher_not_better(teacher, scores["teacher"], scores["student"], min_delta)
-    print(
-        f"bench-domain: domain dev: teacher {scores['teacher']:.2f}, starting model {scores['student']:.2f}"
-        + (f"; {line}" if line else ""),
-        flush=True,
-    )
-    return {"model": teacher, **scores, "nothing_to_distil": line, "wall_s": seconds}
-
-
-def label_free_setting(
-    teacher: str, args: argparse.Namespace, texts: list[str], params: dict[str, Any], work: Path
-) -> dict[str, Any]:
-    """The flow without ``--domain-dev``: the held-out share set aside before the teacher stage, the teacher's
-    agreement pairs among it as the selection set (STS-B dev when too few sentences to hold out)."""
-    config = AgreementConfig.from_params(params)
-    train, held = hold_out(texts, config.heldout_share, config.heldout_max, params["seed"])
-    folder = work / "label-free"
-    text = write_text(train, folder / "text.txt")
-    extra = ["--heldout", str(write_text(held, folder / "heldout.txt"))] if held else []
-    seconds = teacher_stage(teacher, args, str(text), folder / "teacher", extra)
-    agreement = folder / "teacher" / "agreement.tsv"
-    print(f"bench-domain: label-free: {len(held):,} of {len(texts):,} sentences held out", flush=True)
-    return {
-        "text": str(text),
-        "flag": "--agreement" if held else None,
-        "dev": str(agreement) if held else None,
-        "selection": "teacher_agreement" if held else "stsb_dev",
-        "teacher": str(folder / "teacher"),
-        "heldout": len(held),
-        "teacher_wall_s": seconds,
-    }
+    def __call__(self, step: Step) -> None:
+        if tuple(step.command) in self.done:
+            print(f"bench-domain: reusing the {step.name} run", flush=True)
+            return
+        print(f"bench-domain: {step.name} -> {step.output}", flush=True)
+        start = time.perf_counter()
+        env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+        done = subprocess.run(step.command, cwd=ROOT, env=env)
+        if done.returncode:
+            raise SystemExit(
+                f"bench-domain: the {step.name} stage failed (exit {done.returncode}); its log is above"
+            )
+        self.done.add(tuple(step.command))
+        self.seconds[str(step.output)] = round(time.perf_counter() - start, 1)
 
 
 def cell(before: float | None, after: float | None, pairs: int | None = None) -> str:
@@ -312,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, help="override transfer steps (each run of a method)")
     parser.add_argument("--tsdae-steps", type=int, help="steps of a tsdae run (default: --steps)")
     parser.add_argument("--max-texts", help="use a seeded sample of this many sentences")
-    parser.add_argument("--params", help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument(
         "--processed", default=str(PROCESSED), help="folder with pairs.parquet (STS-B dev, SICK)"
     )
@@ -323,15 +254,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     offline_hub()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     gate = GateConfig.from_params(params)
     if args.init not in ("base", "champion") and not Path(args.init).is_dir():
         fail(f"--from {args.init}: neither base, champion nor a model folder")
-    try:
-        teachers = {retrain_teacher(params, method) for method in args.method} - {None}
+    try:  # each method's retrain, as the flow reads it (a distill method needs teacher.model)
+        configs = {method: RetrainConfig.from_params(params, method) for method in args.method}
     except ParamsError as exc:
         fail(str(exc))
-    teacher = teachers.pop() if teachers else None  # every method reads the one teacher.model
     backend = args.backend or params["evaluate"]["backend"]
     if not (Path(args.processed) / "pairs.parquet").is_file():
         fail(f"{args.processed}/pairs.parquet: missing; run `dvc repro validate` first")
@@ -348,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
         sick_text, sick_dev, sick_test = split(pairs, *extra, params["seed"]) if own else ([], [], [])
         text_path = args.text or str(write_text(sick_text, work / "text.txt"))
         texts = read_texts(Path(text_path))
+        text_file = write_text(texts, work / "texts.txt")  # deduplicated, as the retrain flow's
         dev = read_domain_dev(args.dev, "--dev") if args.dev else sick_dev
         test = read_domain_dev(args.test, "--test") if args.test else sick_test
         dev_path = Path(args.dev) if args.dev else write_tsv(dev, work / "dev.tsv")
@@ -358,51 +289,58 @@ def main(argv: list[str] | None = None) -> int:
             + " relative to the text",
             flush=True,
         )
-        labelled = {"text": text_path, "flag": "--domain-dev", "dev": str(dev_path)}
-        labelled |= {"selection": "domain_dev", "teacher": str(work / "teacher")}
-        checked = (
-            check_teacher(teacher, init, args, text_path, dev_path, work, gate.min_delta) if teacher else None
-        )
-        distils = teacher and not checked["nothing_to_distil"]
-        free = label_free_setting(teacher, args, texts, params, work) if distils else None
-        agreement = read_domain_dev(free["dev"], "--agreement") if free and free["dev"] else []
-        sets = {"stsb_dev": stsb_dev(pairs), "domain_dev": dev, "teacher_agreement": agreement}
+        sets = {"stsb_dev": stsb_dev(pairs), "domain_dev": dev}
         before = score(init, test, sets, backend)
-        results: dict[str, dict[str, Any]] = {}
-        skipped: dict[str, str] = {}
-        # Runs by their setting and chain of objectives from the init: tsdae+contrastive starts from the very run
-        # `tsdae` made (same init, text and settings: CPU training repeats bit for bit), so it is not trained
-        # twice; its wall time still counts the reused run.
-        finished: dict[tuple[str, ...], tuple[Path, dict[str, Any], float]] = {}
+        runner, results, skipped = StageRunner(), {}, {}
+        checked: dict[str, Any] | None = None  # the teacher against the starting model on the dev pairs
+        free: dict[str, Any] | None = None  # the label-free runs' held-out share
         for method in args.method:
-            if checked and checked["nothing_to_distil"] and "distill" in METHODS[method]:
-                skipped[method] = checked["nothing_to_distil"]
-                print(f"bench-domain: {method}: skipped, untrained", flush=True)
-                continue
-            no_labels = (
-                free if "distill" in METHODS[method] else {"text": text_path, "flag": None, "dev": None}
-            )
-            for mode, setting in zip(MODES, (labelled, no_labels), strict=True):
-                model, runs, wall, trained = init, [], 0.0, []
-                for i, objective in enumerate(METHODS[method]):
-                    chain = (mode, *METHODS[method][: i + 1])
-                    if chain not in finished:
-                        name = f"{mode}-{method.replace('+', '-')}-{i}"
-                        finished[chain] = transfer(model, objective, name, args, setting, work, params)
-                    else:
-                        print(f"bench-domain: {method} ({mode}): reusing the {' then '.join(chain[1:])} run")
-                    output, metrics, seconds = finished[chain]
-                    model, wall = str(output), wall + seconds
-                    runs.append(
-                        {"objective": objective, **{k: v for k, v in metrics.items() if k != "trained"}}
-                    )
-                    trained = sorted(set(trained) | set(metrics["trained"]))
-                after = score(model, test, sets, backend)
-                results[f"{method} {mode}"] = outcome(
-                    before, after, setting, (test, trained), runs, wall, gate
+            config = configs[method]
+            # A TSDAE step (8 sentences, one pass) costs far less than a contrastive one (64 sentences, 2 views).
+            steps = {
+                o: args.tsdae_steps if o == "tsdae" and args.tsdae_steps else args.steps
+                for o in config.objectives
+            }
+            options = {"--recipe": args.recipe, "--max-texts": args.max_texts or None}
+            for (
+                mode
+            ) in MODES:  # labelled: selection on the dev pairs; label-free: as the nightly run, without
+                dev_pairs = dev_path if mode == "labelled" else None
+                todo = plan(
+                    config,
+                    params,
+                    text_file,
+                    init,
+                    work / mode,
+                    mode,
+                    Path(args.processed),
+                    dev_pairs,
+                    steps,
+                    args.init,
+                    options,
                 )
-            steps = [[r["best_step"] for r in results[f"{method} {m}"]["runs"]] for m in MODES]
-            results[f"{method} label-free"]["same_choice"] = steps[0] == steps[1]
+                found = run(todo, runner, lambda line: print(f"bench-domain: {line}", flush=True))
+                teacher_wall = runner.seconds.get(str(todo.work / "teacher"))
+                if found.teacher and "teacher" in found.teacher and checked is None:
+                    checked = {**found.teacher, "wall_s": teacher_wall}
+                    print(
+                        f"bench-domain: domain dev: teacher {checked['teacher']:.2f}, starting model {checked['student']:.2f}",
+                        flush=True,
+                    )
+                if found.status == "teacher not better":  # untrained, in both modes
+                    skipped[method] = found.teacher["nothing_to_distil"]
+                    print(f"bench-domain: {method}: skipped, untrained", flush=True)
+                    break
+                if found.heldout is not None:
+                    free = {
+                        "heldout": found.heldout["sentences"],
+                        "selection": found.selected_on,
+                        "teacher_wall_s": teacher_wall,
+                    }
+                results[f"{method} {mode}"] = measure(todo, found, runner, test, sets, before, backend, gate)
+            if method not in skipped:
+                chosen = [[r["best_step"] for r in results[f"{method} {m}"]["runs"]] for m in MODES]
+                results[f"{method} label-free"]["same_choice"] = chosen[0] == chosen[1]
     finally:
         if not args.work:
             shutil.rmtree(work, ignore_errors=True)
@@ -422,10 +360,31 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def measure(
+    todo: Plan,
+    found: Outcome,
+    runner: StageRunner,
+    test: Pairs,
+    sets: dict[str, Pairs],
+    before: dict[str, Any],
+    backend: str,
+    gate: GateConfig,
+) -> dict[str, Any]:
+    """A retrain's model scored against the starting model's ``before``: ``outcome`` of the two."""
+    trained = sorted({s for r in found.runs for s in read_seen(seen_file(r["stage"], todo.work / "metrics"))})
+    if found.pairs is not None and found.selected_on == "teacher_agreement":  # the agreement pairs too
+        agreement = {"teacher_agreement": read_domain_dev(str(found.pairs), "--agreement")}
+        scored = score(todo.init, [], agreement, backend)["teacher_agreement"]
+        sets, before = {**sets, **agreement}, {**before, "teacher_agreement": scored}
+    after = score(found.runs[-1]["output"], test, sets, backend)
+    wall = sum(runner.seconds[r["output"]] for r in found.runs)
+    return outcome(before, after, found.selected_on, (test, trained), found.runs, wall, gate)
+
+
 def outcome(
     before: dict[str, Any],
     after: dict[str, Any],
-    setting: dict[str, Any],
+    selection: str,
     test: tuple[Pairs, list[str]],
     runs: list[dict[str, Any]],
     wall: float,
@@ -433,7 +392,7 @@ def outcome(
 ) -> dict[str, Any]:
     """One run's before and after: the test split by what it trained on, STS-B dev, its selection set (what the
     gate compares beside STS-B dev, as the flow's gate does)."""
-    selection, (pairs, trained) = setting.get("selection", "stsb_dev"), test
+    pairs, trained = test
 
     def view(scores: dict[str, Any]) -> dict[str, Any]:
         row = {

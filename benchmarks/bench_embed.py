@@ -25,12 +25,16 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's packages
+
+from sentcl.params import ROOT  # noqa: E402
+from stages.common import load_params  # noqa: E402
 
 BACKENDS = {"torch fp32": "sentence-transformers", "onnx fp32": "onnx", "onnx int8": "int8"}
 
@@ -49,7 +53,7 @@ def timed(cmd: list[str], cores: list[int]) -> float:
     return time.perf_counter() - started
 
 
-def release_folder(model: str, scratch: Path) -> Path:
+def release_folder(model: str, scratch: Path, params: Mapping[str, Any]) -> Path:
     """``model`` itself when it holds the int8 graph, else a scratch copy exported and quantised as the export
     stage does it."""
     from sentcl.model.encoder import resolve_model_path
@@ -59,9 +63,7 @@ def release_folder(model: str, scratch: Path) -> Path:
     if (folder / INT8_FILE).is_file():
         return folder
     from sentcl.registry.release import export_onnx
-    from stages.common import load_params
 
-    params = load_params()
     config = QuantizeConfig.from_params(params)
     if config.int8_method not in ("dynamic",):
         raise SystemExit(
@@ -86,10 +88,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2, help="cores every backend is pinned to")
     args = parser.parse_args(argv)
+    params = load_params()
     cores = sorted(os.sched_getaffinity(0))[: args.threads]
     sentences = load_benchmark(args.data, with_dev=False).sentences
     with tempfile.TemporaryDirectory(prefix="sentcl-bench-embed-") as tmp:
-        folder = release_folder(args.model, Path(tmp))
+        folder = release_folder(args.model, Path(tmp), params)
         text = Path(tmp) / "sentences.txt"
         # One a line: a sentence holding a line break would become two lines (none does in SentEval).
         text.write_text("".join(s.replace("\n", " ") + "\n" for s in sentences), encoding="utf-8")
@@ -97,8 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         load_before = os.getloadavg()
         for repeat in range(args.repeats):
             for name, backend in BACKENDS.items():
-                cmd = [sys.executable, "-m", "stages.embed", "--model", str(folder), "--input", str(text)]
-                cmd += ["--output", str(Path(tmp) / f"{backend}.npy"), "--no-progress", "--backend", backend]
+                options = {"--model": folder, "--input": text, "--output": Path(tmp) / f"{backend}.npy"}
+                cmd = params.command("stages.embed", {**options, "--no-progress": True, "--backend": backend})
                 times[name].append(timed(cmd, cores))
                 print(f"bench-embed: run {repeat + 1} {name} {times[name][-1]:.1f} s", flush=True)
         load_after = os.getloadavg()

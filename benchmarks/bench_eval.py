@@ -23,8 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a script: this checkout's packages
+
+from sentcl.params import ROOT  # noqa: E402
+from stages.common import load_params  # noqa: E402
 
 TOLERANCE = 0.01
 
@@ -98,8 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         commands = {
             "peer": [sys.executable, __file__, "--peer-only", "--model", args.model, "--data", str(args.data)]
             + ["--peer-output", str(peer_json)],
-            "ours": [sys.executable, "-m", "stages.evaluate", "--model", args.model, "--data", str(args.data)]
-            + ["--output", str(ours_json), "--no-progress", "--no-dev"],
+            "ours": load_params().command(
+                "stages.evaluate",
+                {"--model": args.model, "--data": args.data, "--output": ours_json, "--no-progress": True}
+                | {"--no-dev": True},
+            ),
         }
         for repeat in range(args.repeats):
             # Alternate who goes first, so a load change mid-run does not always favour the same side.

@@ -26,15 +26,15 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from benchmarks.bench_domain import score, sick_split, test_splits, write_text, write_tsv
+from sentcl.params import Params
 from sentcl.training.data import read_seen, stsb_dev
-from stages.common import PROCESSED, ROOT, load_params, offline_hub
+from stages.common import PROCESSED, ROOT, load_params, offline_hub, params_arguments
 from stages.training import load_pairs
 
 GOALS = {"label-free": 2.0, "labelled": 2.5}  # unseen-pair gain; seen +2.0 and STS-B dev -0.5 for both
@@ -42,7 +42,7 @@ SPLITS = ("seen", "unseen", "mixed")
 
 
 def run_flow(
-    mode: str, sentences: list[str], dev: Path | None, work: Path, collect_only: bool
+    params: Params, mode: str, sentences: list[str], dev: Path | None, work: Path, collect_only: bool
 ) -> dict[str, Any]:
     """``python -m flows.retrain`` on ``sentences``, dropped in an inbox of the run's own (the flow archives what
     it read), against an empty store of its own; the champion it leaves (downloaded, files checked) and what it
@@ -54,16 +54,9 @@ def run_flow(
     )
     for key in ("PREFECT_API_URL", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
         env.pop(key, None)  # the flow runs in-process, against this run's own store
-    cmd = [
-        sys.executable,
-        "-m",
-        "flows.retrain",
-        "--domain-text",
-        str(text),
-        "--work-dir",
-        str(folder / "work"),
-    ]
-    cmd += ["--domain-dev", str(dev)] if dev else []
+    cmd = params.command(
+        "flows.retrain", {"--domain-text": text, "--work-dir": folder / "work", "--domain-dev": dev}
+    )
     wall = None
     if not collect_only:
         if folder.exists():
@@ -115,11 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         "--collect-only", action="store_true", help="score what the runs in --work left; run nothing"
     )
     parser.add_argument("--json", help="also write the results here")
+    params_arguments(parser)
     args = parser.parse_args(argv)
     if args.collect_only and not args.work:
         parser.error("--collect-only needs --work")
     offline_hub()
-    params = load_params()
+    params = load_params(args.params, args.overrides)
     if not (PROCESSED / "pairs.parquet").is_file():
         raise SystemExit(f"bench-nightly: {PROCESSED}/pairs.parquet: missing; run `dvc repro validate` first")
     pairs = load_pairs(PROCESSED)
@@ -135,7 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     before = score(params["model"]["name"], test, sets, backend)
     results: dict[str, Any] = {}
     for mode in chosen:
-        run = run_flow(mode, text_half, dev_file if mode == "labelled" else None, work, args.collect_only)
+        run = run_flow(
+            params, mode, text_half, dev_file if mode == "labelled" else None, work, args.collect_only
+        )
         if not run["champion"]:
             print(
                 f"bench-nightly: {mode}: the flow left no champion (nothing registered or promoted)",

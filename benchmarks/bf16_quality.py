@@ -17,26 +17,21 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-import yaml
+from sentcl.params import Params, merge, write_params
+from stages.common import ROOT, load_params, params_arguments
 
-from stages.common import ROOT, load_params
 
-
-def run(precision: str, seed: int, workdir: Path, threads: int | None) -> dict:
+def run(params: Params, precision: str, seed: int, workdir: Path, threads: int | None) -> dict:
     """One transfer + evaluation; reuses a finished result already in ``workdir``."""
     name = f"{precision}-s{seed}"
     result_path = workdir / f"{name}.json"
     if result_path.is_file():
         return json.loads(result_path.read_text())
-    params = load_params()
-    params["seed"] = seed
-    params["train"]["bf16"] = precision == "bf16"
-    params_path = workdir / f"params-{name}.yaml"
-    params_path.write_text(yaml.safe_dump(params, sort_keys=False))
+    own = merge(params, {"seed": seed, "train": {"bf16": precision == "bf16"}})
+    run_params = write_params(own, workdir / f"params-{name}.yaml")
     env = {**os.environ, "SENTCL_MLFLOW": "0", "HF_HUB_OFFLINE": "1"}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -45,20 +40,14 @@ def run(precision: str, seed: int, workdir: Path, threads: int | None) -> dict:
     train_record = workdir / "metrics" / "train" / f"{stage}.json"
     # A call that stopped after training (or after its evaluation) resumes there instead of training again.
     if not (train_record.is_file() and (workdir / "models" / name).is_dir()):
-        subprocess.run(
-            [sys.executable, "-m", "stages.transfer", "--init", "base", "--params", str(params_path),
-             "--stage", stage, "--output", str(workdir / "models" / name),
-             "--metrics-dir", str(workdir / "metrics"), "--checkpoints-dir", str(workdir / "checkpoints")],
-            cwd=ROOT, env=env, check=True,
-        )  # fmt: skip
+        options = {"--init": "base", "--stage": stage, "--output": workdir / "models" / name}
+        options |= {"--metrics-dir": workdir / "metrics", "--checkpoints-dir": workdir / "checkpoints"}
+        subprocess.run(run_params.command("stages.transfer", options), cwd=ROOT, env=env, check=True)
     stage_seconds = time.perf_counter() - started
     scores = workdir / f"eval-{name}.json"
     if not scores.is_file():
-        subprocess.run(
-            [sys.executable, "-m", "stages.evaluate", "--model", str(workdir / "models" / name),
-             "--no-progress", "--output", str(scores)],
-            cwd=ROOT, env=env, check=True,
-        )  # fmt: skip
+        options = {"--model": workdir / "models" / name, "--no-progress": True, "--output": scores}
+        subprocess.run(run_params.command("stages.evaluate", options), cwd=ROOT, env=env, check=True)
     train = json.loads((workdir / "metrics" / "train" / f"{stage}.json").read_text())
     sts = json.loads(scores.read_text())
     result = {
@@ -82,9 +71,11 @@ def main() -> None:
     parser.add_argument("--precisions", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/sentcl-bf16-quality"))
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of each run (default: torch's)")
+    params_arguments(parser)
     args = parser.parse_args()
+    params = load_params(args.params, args.overrides)
     args.workdir.mkdir(parents=True, exist_ok=True)
-    results = [run(p, s, args.workdir, args.threads) for s in args.seeds for p in args.precisions]
+    results = [run(params, p, s, args.workdir, args.threads) for s in args.seeds for p in args.precisions]
     print("| precision | seed | STS-B dev (selected, step) | seven-task avg | stage s |")
     print("|---|---|---|---|---|")
     for r in results:

@@ -33,7 +33,6 @@ import os
 import resource
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -43,8 +42,8 @@ import yaml
 
 from benchmarks.bench_domain import score
 from sentcl.data.roles import selection_sets
+from sentcl.params import merge, write_params
 from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.profile import merge
 from stages.training import load_pairs
 
 SETS = ("stsb_dev", "sick_trial")  # the declared selection sets; their mean gain is the selection gain
@@ -82,19 +81,10 @@ def run_variant(
 ) -> tuple[Path, float, float]:
     """One transfer run in ``work/name``: (its folder, wall seconds, CPU seconds of the stage process)."""
     folder = work / name
-    folder.mkdir(parents=True, exist_ok=True)
-    params_file = folder / "params.yaml"
-    params_file.write_text(yaml.safe_dump(merge(params, nest(overrides)), sort_keys=False))
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", "base", "--params", str(params_file)]
-    cmd += [
-        "--output",
-        str(folder / "model"),
-        "--stage",
-        f"tune-{name}",
-        "--metrics-dir",
-        str(folder / "metrics"),
-    ]
-    cmd += ["--checkpoints-dir", str(folder / "ckpt"), "--teacher-vectors", str(teacher)]
+    variant = write_params(merge(params, nest(overrides)), folder / "params.yaml")
+    options = {"--init": "base", "--output": folder / "model", "--stage": f"tune-{name}"}
+    options |= {"--metrics-dir": folder / "metrics", "--checkpoints-dir": folder / "ckpt"}
+    cmd = variant.command("stages.transfer", {**options, "--teacher-vectors": teacher})
     print(f"tune-distill: {name}: {overrides or 'params.yaml as it is'}", flush=True)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()

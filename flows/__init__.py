@@ -4,8 +4,7 @@ import os
 from pathlib import Path
 
 import stages  # noqa: F401  (telemetry off for every entry point, before Prefect is imported)
-
-_ROOT = Path(__file__).resolve().parent.parent
+from sentcl.params import ROOT
 
 # Without PREFECT_API_URL a flow starts a temporary server; on a busy 2-core machine that takes longer than
 # Prefect's 20 s default, and the run would fail before doing anything.
@@ -27,8 +26,8 @@ def _served_api_url(run_dir: Path) -> str | None:
 # While `make serve` runs, a flow started by hand talks to its server (so the run shows in its UI and shares
 # the promotion limit); otherwise its temporary server keeps the runs in the same .prefect/prefect.db, which
 # the served UI shows once started.
-os.environ.setdefault("PREFECT_HOME", str(_ROOT / ".prefect"))
+os.environ.setdefault("PREFECT_HOME", str(ROOT / ".prefect"))
 if not os.environ.get("PREFECT_API_URL"):
-    _url = _served_api_url(Path(os.environ.get("SENTCL_RUN_DIR") or _ROOT / ".run"))
+    _url = _served_api_url(Path(os.environ.get("SENTCL_RUN_DIR") or ROOT / ".run"))
     if _url:
         os.environ["PREFECT_API_URL"] = _url

@@ -16,9 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sentcl.params import FlowConfig
+from sentcl.params import FlowConfig, process_params
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
-from stages.common import ROOT, load_params
+from stages.common import ROOT
 
 PROMOTION_LIMIT = "sentcl-promotion"
 PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seconds in a flow's log
@@ -27,7 +27,8 @@ DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*,
 
 
 def flow_config() -> FlowConfig:
-    return FlowConfig.from_params(load_params())
+    """params.yaml ``flows:`` of this process's params (read once: the flow's entry point reads the same)."""
+    return FlowConfig.from_params(process_params())
 
 
 class StageFailed(RuntimeError):

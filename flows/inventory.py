@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from sentcl.params import ROOT
 
 
 def defined(prefect_file: Path) -> tuple[set[str], set[str]]:

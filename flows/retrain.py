@@ -1,36 +1,9 @@
-"""Retraining on new domain text, from the current champion: validate, transfer, evaluate, register, gate.
+"""Retraining on new domain text from the champion: the retrain of ``sentcl.retrain``, then the gate.
 
-    python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep]
+    python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep] [--set KEY=VALUE]
 
-Exit code 0 when the flow ran (promoted or not: the gate's decision is printed with its numbers; nothing new
-or no gain: said, nothing registered); non-zero when it could not run (bad text or params: 2, anything else:
-1). Deployments run the same flow on a cron schedule and when the inbox watcher (flows/watch.py) reports new
-files (infra/prefect.yaml).
-
-The inbox (``SENTCL_INBOX``, default ``inbox/``): for text inside it, "new" means "not yet archived". The run
-reads the files under the given path outside ``inbox/processed/`` and, after it finished (promoted, rejected or
-no gain), moves them to ``inbox/processed/<date>/``; with nothing new it ends at once. No state store: the
-folder is the state, on a laptop or a Kubernetes volume alike. A file that is not UTF-8 text is skipped with one
-warning line (and archived with the rest); an upload still going (``.part``, ``.tmp``) is left for a later run.
-
-The method is params.yaml ``retrain.method``: contrastive | tsdae | tsdae+contrastive (TSDAE, then the
-contrastive transfer from its output) | distill | distill+contrastive. A run in which no step of any transfer beat
-its init registers nothing.
-
-A distill method learns from params ``teacher.model`` (``none`` with a distill method: one line, exit 2, before
-any work), for ``retrain.distill_steps`` (a nightly budget; ``--steps`` wins). The teacher stage encodes the
-domain text and the ``--domain-dev`` pairs into the work folder and scores teacher and student (the init) on
-those pairs; a teacher not better by more than ``registry.min_delta`` is said in one line and nothing is trained
-or registered (the inbox is archived, as on "no gain"): there is nothing to learn from it. Without
-``--domain-dev`` the teacher is not checked, and ``retrain.heldout_share`` of the text is set aside before the
-teacher stage, never trained on: selection and the gate read the student's agreement with the teacher on pairs
-among those sentences (sentcl.training.agreement; STS-B dev a guard). The summary's
-``selected_on``: ``domain_dev``, ``teacher_agreement`` or ``stsb_dev`` (other methods without ``--domain-dev``).
-
-Every step is a stage run as a subprocess (stages.transfer, stages.evaluate, stages.export) so that the
-flow adds orchestration only. Work files go to ``runs/retrain/<time>-<sha8>-<random>/`` (two runs on the same
-text never share one), removed after a successful run unless ``--keep``.
-"""
+Only what is Prefect's and MLflow's lives here: the inbox (``SENTCL_INBOX``: new files, archived after a run),
+the champion to start from, each stage a task retried on a transient failure, the gate (docs/retraining.md)."""
 
 from __future__ import annotations
 
@@ -47,39 +20,17 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from flows.common import (
-    check_prefect_api,
-    cli_errors,
-    flow_config,
-    promotion_slot,
-    run_stage,
-    run_tags_env,
-    stage_task,
-)
-from sentcl.data.domain import (
-    RETRAIN_METHODS,
-    DomainTextError,
-    archive,
-    check_inside_inbox,
-    check_retrain_input,
-    chosen_method,
-    new_files,
-    read_domain_text,
-    read_scored_pairs,
-    retrain_method,
-    retrain_steps,
-    retrain_teacher,
-    teacher_not_better,
-    write_sentences,
-)
+from flows import common
+from sentcl.data import domain
 from sentcl.params import ParamsError
-from sentcl.registry.rules import DEV_GUARDS, GateConfig
-from sentcl.training.agreement import AgreementConfig, hold_out_file
-from stages.common import PROCESSED, RAW, ROOT, load_params
+from sentcl.retrain.config import RetrainConfig
+from sentcl.retrain.plan import Plan, plan
+from sentcl.retrain.run import Outcome, Runner, describe_gate, run, score_candidates
+from sentcl.retrain.text import prepare_text
+from stages.common import RAW, ROOT, load_params, params_arguments
 
 RUNS = ROOT / "runs" / "retrain"
-PY = sys.executable
-SETTINGS = flow_config()
+SETTINGS = common.flow_config()
 
 
 def inbox() -> Path:
@@ -87,140 +38,46 @@ def inbox() -> Path:
 
 
 def work_folder(sha: str) -> Path:
-    """``runs/retrain/<time>-<sha8>-<random>``: the random part keeps two runs on the same text (a retry, an
-    event and the nightly run) out of each other's folder."""
+    """``runs/retrain/<time>-<sha8>-<random>``: two runs on the same text never share a folder."""
     return RUNS / f"{time.strftime('%Y%m%dT%H%M%S')}-{sha[:8]}-{uuid.uuid4().hex[:8]}"
+
+
+def say(line: str) -> None:
+    print(f"retrain: {line}")
 
 
 @task(cache_policy=NO_CACHE)
 def check_text(domain_text: str, files: list[Path] | None) -> dict[str, Any]:
-    """Usable UTF-8 text, at least two distinct sentences: checked before anything is downloaded. A file that
-    is not UTF-8 text is skipped with one warning line naming it."""
-    return read_domain_text(domain_text, files=files, warn=get_run_logger().warning).summary()
+    """Usable UTF-8 text, at least two distinct sentences; a file that is not UTF-8 text is skipped, said."""
+    return domain.read_domain_text(domain_text, files=files, warn=get_run_logger().warning).summary()
 
 
-@stage_task(SETTINGS)
-def fetch_init(work: Path, params: str | None = None) -> dict[str, Any]:
-    """The champion's folder and its registered scores; the base model when nothing is registered yet.
+@task(cache_policy=NO_CACHE)
+def prepare(domain_text: str, files: list[Path] | None, init: str, work: Path, max_tokens: int) -> dict:
+    return prepare_text(domain_text, files, init, max_tokens, work / "texts.txt", say)
 
-    Retried (params.yaml ``flows.retries``, ``flows.retry_delay_s`` apart) when MLflow or its artifact store has
-    a hiccup (flows.common.transient_error: the server unreachable, a connection reset, MLflow's
-    TEMPORARILY_UNAVAILABLE / INTERNAL_ERROR); a weights mismatch or a missing model is not retried."""
+
+@common.stage_task(SETTINGS)
+def fetch_init(work: Path, base_model: str) -> dict[str, Any]:
+    """The champion's folder and scores (the base model when none is registered); retried on an MLflow hiccup."""
+    from sentcl.model.encoder import resolve_model_path
     from sentcl_mlflow.registry.download import champion_scores, download_model
     from sentcl_mlflow.registry.names import gate_config
 
     shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
     champion = champion_scores()
-    if champion is None:
-        from sentcl.model.encoder import resolve_model_path
-
-        name = load_params(Path(params) if params else None)["model"]["name"]
-        print(f"retrain: no champion registered yet; starting from the base model {name}")
-        # A folder, not a hub id: export copies the candidate it picks, and the init is a candidate.
-        return {"version": None, "folder": resolve_model_path(name), "sts_row": None}
+    if champion is None:  # a folder, not a hub id: export copies the candidate it picks, the init among them
+        say(f"no champion registered yet; starting from the base model {base_model}")
+        return {"version": None, "folder": resolve_model_path(base_model), "sts_row": None}
     version, row = champion
     folder = download_model(f"models:/{gate_config().model_name}/{version}", work / "champion-download")
-    print(f"retrain: starting from champion version {version} (stsb_dev {row['stsb_dev']})")
+    say(f"starting from champion version {version} (stsb_dev {row['stsb_dev']})")
     return {"version": str(version), "folder": str(folder), "sts_row": row}
 
 
-@task(cache_policy=NO_CACHE)
-def prepare_text(
-    domain_text: str, files: list[Path] | None, init_folder: str, work: Path, params: str | None = None
-) -> dict[str, Any]:
-    """Deduplicated text for the transfer stage; lines over the init's token limit are counted (the tokenizer
-    truncates them there, as every anchor does), not refused."""
-    from transformers import AutoTokenizer
-
-    from sentcl.model.encoder import resolve_model_path
-
-    max_tokens = int(load_params(Path(params) if params else None)["model"]["max_length"])
-    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(init_folder))
-    text = read_domain_text(
-        domain_text,
-        lambda s: len(tokenizer(s, add_special_tokens=True, verbose=False)["input_ids"]),
-        max_tokens,
-        files=files,
-        warn=lambda _line: None,  # check_text said it already
-    )
-    if text.too_long:
-        print(
-            f"retrain: {len(text.too_long)} of {len(text.sentences)} sentences are longer than "
-            f"model.max_length {max_tokens} tokens: truncated there"
-        )
-    path = write_sentences(text.sentences, work / "texts.txt")
-    return {**text.summary(), "path": str(path)}
-
-
-@stage_task(SETTINGS)
-def ensure_data() -> None:
-    """The transfer stage scores STS-B dev from data/processed; DVC brings it up to date if needed."""
-    run_stage([PY, "-m", "dvc", "repro", "validate"])
-
-
-@stage_task(SETTINGS)
-def teacher_vectors(
-    model: str, texts: str, init: str, work: Path, env: dict[str, str], options: dict[str, Any]
-) -> dict[str, Any]:
-    """The teacher stage on the domain text (and the domain dev pairs, scored with the init beside it) into
-    ``work/teacher``; its record (``teacher.json``). The STS sentences are left out: a retrain reads none."""
-    output = work / "teacher"
-    cmd = [PY, "-m", "stages.teacher", "--model", model, "--texts", texts, "--output", str(output)]
-    cmd += ["--processed", str(options.get("processed") or PROCESSED)]
-    cmd += (
-        ["--domain-dev", str(options["domain_dev"]), "--student", init] if options.get("domain_dev") else []
-    )
-    cmd += ["--heldout", str(options["heldout"])] if options.get("heldout") else []
-    cmd += ["--params", str(options["params"])] if options.get("params") else []
-    run_stage(cmd, env=env)
-    return json.loads((output / "teacher.json").read_text())
-
-
-@stage_task(SETTINGS)
-def transfer(
-    init: str,
-    texts: str,
-    work: Path,
-    stage: str,
-    env: dict[str, str],
-    objective: str,
-    options: dict[str, Any],
-) -> dict[str, Any]:
-    """One transfer run (``objective`` from ``init``); its model folder and its training record.
-    ``options``: steps, domain_dev, agreement, params, processed, teacher_vectors (None: the stage's defaults)."""
-    output = work / "models" / stage
-    cmd = [PY, "-m", "stages.transfer", "--init", init, "--texts", texts, "--output", str(output)]
-    cmd += ["--stage", stage, "--objective", objective, "--metrics-dir", str(work / "metrics")]
-    cmd += ["--checkpoints-dir", str(work / "checkpoints")]
-    cmd += ["--processed", str(options.get("processed") or PROCESSED)]
-    cmd += ["--steps", str(options["steps"])] if options.get("steps") else []
-    cmd += ["--domain-dev", str(options["domain_dev"])] if options.get("domain_dev") else []
-    cmd += ["--agreement", str(options["agreement"])] if options.get("agreement") else []
-    cmd += ["--params", str(options["params"])] if options.get("params") else []
-    if objective == "distill":
-        cmd += ["--teacher-vectors", str(options["teacher_vectors"])]
-    run_stage(cmd, env=env)
-    record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
-    return {"stage": stage, "objective": objective, "output": str(output), **record}
-
-
-@stage_task(SETTINGS)
-def evaluate(
-    models: dict[str, str], output: Path, env: dict[str, str], raw: str | None = None
-) -> dict[str, Any]:
-    cmd = [PY, "-m", "stages.evaluate", "--output", str(output), "--no-progress", "--data", str(raw or RAW)]
-    for name, folder in models.items():
-        cmd += ["--model", f"{name}={folder}"]
-    run_stage(cmd, env=env)
-    return json.loads(output.read_text())
-
-
-@stage_task(SETTINGS)
-def export_and_gate(args: list[str], summary: Path, env: dict[str, str]) -> dict[str, Any]:
-    # The slot serialises gates across every flow on this Prefect server; the stage adds its file lock.
-    with promotion_slot():
-        run_stage([PY, "-m", "stages.export", *args, "--summary", str(summary)], env=env)
-    return json.loads(summary.read_text())
+@common.stage_task(SETTINGS)
+def stage(command: list[str], env: dict[str, str] | None = None) -> None:
+    common.run_stage(command, env=env)
 
 
 @flow(name="sentcl-retrain", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
@@ -235,241 +92,103 @@ def retrain(
     params: str | None = None,
     processed: str | None = None,
     raw: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Transfer the champion to ``domain_text``, register the better of init and result, run the gate.
-
-    ``domain_text``: a file or folder; default the inbox (``SENTCL_INBOX``, its new files only).
-    ``method``: default params.yaml ``retrain.method``. ``params``: a params file instead of params.yaml (the
-    transfer stage and the init read it). ``processed``: a folder with pairs.parquet instead of data/processed
-    (then `dvc repro validate` is not run). ``raw``: a SentEval-layout folder instead of data/raw for the
-    evaluation before the gate. ``keep``: leave the work folder after a successful run."""
+    """Retrain on ``domain_text`` (default: the inbox's new files) with ``method`` (default retrain.method),
+    ``params`` and ``overrides`` given to every stage; ``processed``/``raw``: other data (no `dvc repro`)."""
     from prefect.runtime import flow_run
 
-    logger = get_run_logger()
     domain_text = str(domain_text or inbox())
     # Stages run with the repository as working directory: paths a person typed are made absolute here.
-    domain_dev, params, processed, raw = (
-        str(Path(p).resolve()) if p else None for p in (domain_dev, params, processed, raw)
-    )
-    check_inside_inbox(domain_text, trigger, inbox())
-    files = new_files(domain_text, inbox(), trigger)
+    paths = (domain_dev, params, processed, raw)
+    dev, params, processed, raw = (Path(p).resolve() if p else None for p in paths)
+    domain.check_inside_inbox(domain_text, trigger, inbox())
+    files = domain.new_files(domain_text, inbox(), trigger)
     if files is not None and not files:
-        print(
-            f"retrain: nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered"
-        )
+        say(f"nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered")
         return {"status": "nothing new", "registered_version": None, "archived": []}
-    settings = load_params(Path(params) if params else None)
-    method = chosen_method(settings, method)
-    teacher = retrain_teacher(settings, method)  # teacher.model none with a distill method: refused here
-    # Each run's steps, checked before any work: distill trains retrain.distill_steps (a nightly budget) unless
-    # the run was given steps.
-    run_steps = {
-        objective: steps or retrain_steps(settings, objective) for objective in RETRAIN_METHODS[method]
-    }
+    settings = load_params(params, overrides or ())
+    config = RetrainConfig.from_params(settings, method)  # teacher.model none with a distill method: refused
     checked = check_text(domain_text, files)
-    if domain_dev:
-        read_scored_pairs(domain_dev)  # a malformed dev set stops the run before training, not after
-    sha = checked["sha256"]
-    own_work = not work_dir
-    work = Path(work_dir) if work_dir else work_folder(sha)
-    work.mkdir(parents=True, exist_ok=not own_work)
-    logger.info("domain text %s (%s): %s", domain_text, method, checked)
-    env = run_tags_env(
-        {
-            "domain_text_sha256": sha,
-            "domain_text": str(domain_text),
-            "trigger": trigger,
-            "retrain_method": method,
-            "flow": "sentcl-retrain",
-            "prefect_flow_run_id": str(flow_run.get_id() or ""),
-        }
-    )
-
-    init = fetch_init(work, params)
-    text = prepare_text(domain_text, files, init["folder"], work, params)
+    if dev:
+        domain.read_scored_pairs(dev)  # a malformed dev set stops the run before training, not after
+    sha, work = checked["sha256"], Path(work_dir) if work_dir else work_folder(checked["sha256"])
+    work.mkdir(parents=True, exist_ok=bool(work_dir))
+    get_run_logger().info("domain text %s (%s): %s", domain_text, config.method, checked)
+    tags = {"domain_text_sha256": sha, "trigger": trigger}  # on every run, and on the registered version
+    env = {"domain_text": domain_text, "retrain_method": config.method, "flow": "sentcl-retrain"}
+    env = common.run_tags_env(tags | env | {"prefect_flow_run_id": str(flow_run.get_id() or "")})
+    init = fetch_init(work, settings["model"]["name"])
+    text = prepare(domain_text, files, init["folder"], work, int(settings["model"]["max_length"]))
     if not processed:
-        ensure_data()
-    options = {"steps": steps, "domain_dev": domain_dev, "params": params, "processed": processed}
-    options["teacher_vectors"] = str(work / "teacher")
-    base: dict[str, Any] = {
-        "method": method,
-        "runs": [],
-        "text": {k: text[k] for k in ("files", "skipped", "sentences", "truncated")},
-        "work_dir": str(work),
-        "domain_text_sha256": sha,
-        "selected_on": "domain_dev" if domain_dev else "stsb_dev",
-    }
-    if teacher and not domain_dev:  # no labels: hold out a share before the teacher reads the text
-        kept, held = hold_out_file(
-            Path(text["path"]), work / "heldout.txt", AgreementConfig.from_params(settings), settings["seed"]
-        )
-        base["heldout"] = {"sentences": held, "trained_on": kept, "agreement_pairs": 0}
-        options["heldout"] = str(work / "heldout.txt") if held else None
-        print(f"retrain: no --domain-dev: {held} of {kept + held} sentences held out, never trained on")
-    if teacher:
-        base["teacher"] = check_teacher(teacher, text["path"], init["folder"], work, env, options, settings)
-        if base["teacher"].get("nothing_to_distil"):
-            result = {**base, "status": "teacher not better", "registered_version": None}
-            return finish(result, files, work, keep=keep or not own_work)
-        if base["teacher"].get("agreement"):
-            options["agreement"] = str(work / "teacher" / base["teacher"]["agreement"]["file"])
-            base["heldout"]["agreement_pairs"] = base["teacher"]["agreement"]["pairs"]
-            base["selected_on"] = "teacher_agreement"
-    runs, model = [], init["folder"]
-    for objective in RETRAIN_METHODS[method]:  # tsdae+contrastive: the second starts from the first's output
-        own = {**options, "steps": run_steps[objective]}
-        run = transfer(model, text["path"], work, f"retrain-{sha[:8]}-{objective}", env, objective, own)
-        runs.append(run)
-        model = run["output"]
-    base["runs"] = [
-        {k: r.get(k) for k in ("objective", "init", "best_step", "steps", "beat_init", "selected_on")}
-        for r in runs
-    ]
-    init_name = "champion" if init["version"] else "base"
-    if not any(r.get("beat_init") for r in runs):
-        # The candidate would be the init itself: registering it again teaches the registry nothing.
-        print(
-            f"retrain: no step of {method} beat its init ({init_name}"
-            + (f" version {init['version']}" if init["version"] else "")
-            + "): the candidate is the init itself; nothing registered"
-        )
-        result = {**base, "status": "no gain", "registered_version": None}
-    else:
-        # The last run that beat its init holds the final weights (a later run that did not returned them).
-        winner = [r for r in runs if r.get("beat_init")][-1]
-        dev = domain_dev or options.get("agreement")  # the gate compares on what selection read
-        gated = register_and_gate(init, init_name, winner, work, env, dev, sha, trigger, raw, processed)
-        result = {**base, **gated}
-        result["status"] = "gated"
-        print(describe(result))
-    return finish(result, files, work, keep=keep or not own_work)
-
-
-def check_teacher(
-    teacher: str,
-    texts: str,
-    init: str,
-    work: Path,
-    env: dict[str, str],
-    options: dict[str, Any],
-    settings: dict[str, Any],
-) -> dict[str, Any]:
-    """The teacher's vectors of the text in ``work/teacher``, and teacher against student on the domain dev
-    pairs: ``nothing_to_distil`` (the one line said) when the teacher is not better by registry.min_delta."""
-    record = teacher_vectors(teacher, texts, init, work, env, options)
-    scores = record.get("domain_dev")
-    if scores is None:
-        print(f"retrain: no --domain-dev pairs: teacher {teacher} is not checked against the student")
-        return {"model": teacher, **({"agreement": record["agreement"]} if "agreement" in record else {})}
-    line = teacher_not_better(
-        teacher, scores["teacher"], scores["student"], GateConfig.from_params(settings).min_delta
+        stage([sys.executable, "-m", "dvc", "repro", "validate"])  # STS-B dev for selection, up to date
+    name, steps_by = f"retrain-{sha[:8]}", dict.fromkeys(config.objectives, steps)
+    label = f"champion version {init['version']}" if init["version"] else "base"
+    todo = plan(
+        config, settings, Path(text["path"]), init["folder"], work, name, processed, dev, steps_by, label
     )
-    if line:
-        print(f"retrain: {line}")
-    return {"model": teacher, **scores, "nothing_to_distil": line}
+    runner = lambda step: stage.with_options(name=step.name)(step.command, env)  # noqa: E731
+    outcome = run(todo, runner, say)
+    result = {"method": config.method, "work_dir": str(work), "domain_text_sha256": sha, **outcome.summary()}
+    result["text"] = {k: text[k] for k in ("files", "skipped", "sentences", "truncated")}
+    if outcome.status != "trained":  # a teacher no better than the student, or no gain: nothing to register
+        result |= {"status": outcome.status, "registered_version": None}
+    else:
+        result |= {**register_and_gate(todo, outcome, init, runner, tags, raw or RAW), "status": "gated"}
+        print(describe_gate(result))
+    return finish(result, files, work, keep=keep or bool(work_dir))
 
 
 def register_and_gate(
-    init: dict[str, Any],
-    init_name: str,
-    last: dict[str, Any],
-    work: Path,
-    env: dict[str, str],
-    domain_dev: str | None,
-    sha: str,
-    trigger: str,
-    raw: str | None = None,
-    processed: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate the retrained model (and the init, unless its registered scores are known), export and gate."""
-    stage, retrained = last["stage"], last["output"]
-    to_evaluate = {stage: str(retrained)}
-    row = init["sts_row"]
-    # Re-scored when its registered scores lack a dev guard (a version registered before the gate read it).
-    if row is None or not row.get("all") or any(row.get(guard) is None for guard in DEV_GUARDS):
-        to_evaluate[init_name] = init["folder"]
-    sts = evaluate(to_evaluate, work / "sts.json", env, raw)
-    if init_name not in sts:
-        sts[init_name] = init["sts_row"]  # the champion's registered scores: same protocol, no re-run
-    (work / "candidates.json").write_text(json.dumps(sts, indent=2) + "\n")
-
-    export_args = ["--sts", str(work / "candidates.json"), "--output", str(work / "export")]
-    export_args += ["--model", f"{stage}={retrained}", "--model", f"{init_name}={init['folder']}"]
-    export_args += ["--train-metrics", str(work / "metrics" / "train")]
-    export_args += ["--tag", f"domain_text_sha256={sha}", "--tag", f"trigger={trigger}"]
-    # Static int8 calibrates on what this run trained on (prepare_text wrote it), not on the pipeline's text.
-    export_args += ["--calibration-text", str(work / "texts.txt"), "--data", str(raw or RAW)]
-    export_args += ["--processed", str(processed)] if processed else []  # the gate's dev pairs
-    if domain_dev:
-        export_args += ["--domain-dev", str(domain_dev)]
-        if init["version"]:
-            export_args += ["--champion-candidate", f"{init_name}={init['version']}"]
-    return export_and_gate(export_args, work / "export.json", env)
+    todo: Plan, outcome: Outcome, init: dict, runner: Runner, tags: dict, raw: Path
+) -> dict:
+    """Evaluate the candidates, export the better and gate it on STS-B dev and the pairs selection read."""
+    models = score_candidates(todo, outcome, init, raw, runner)
+    champion = f"champion={init['version']}" if init["version"] else None
+    step = todo.export_step(models, champion, tags, raw, outcome.pairs)
+    with common.promotion_slot():  # one gate at a time on this Prefect server; the stage adds its file lock
+        runner(step)
+    return json.loads(step.record.read_text())
 
 
 def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: bool) -> dict[str, Any]:
     """After a successful run: the inbox's files to processed/<date>/, the work folder removed unless kept."""
-    result["archived"] = []
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    result["archived"] = [str(p) for p in domain.archive(files or [], inbox(), date)]
     if files is not None:
-        date = time.strftime("%Y-%m-%d", time.gmtime())
-        result["archived"] = [str(p) for p in archive(files, inbox(), date)]
-        print(f"retrain: archived {len(files)} file(s) to {inbox() / 'processed' / date}")
+        say(f"archived {len(files)} file(s) to {inbox() / 'processed' / date}")
+    shutil.rmtree(work / "checkpoints" if keep else work, ignore_errors=True)
     if keep:
-        shutil.rmtree(work / "checkpoints", ignore_errors=True)
-        print(f"retrain: work folder kept: {work}")
+        say(f"work folder kept: {work}")
     else:
-        shutil.rmtree(work, ignore_errors=True)
         result["work_dir"] = None
     return result
 
 
-def describe(result: dict[str, Any]) -> str:
-    gate = result.get("gate") or {}
-    lines = [
-        f"retrain: candidate {result.get('checkpoint')} stsb_dev {result.get('stsb_dev', float('nan')):.2f}"
-        + (f", domain {result['domain_spearman']:.2f}" if "domain_spearman" in result else "")
-        + f", registered version {result.get('registered_version')}",
-        f"retrain: gate {gate.get('decision', 'no verdict yet')}; champion is version {gate.get('champion_after')}",
-    ]
-    lines += [f"  - {r}" for r in gate.get("reasons", [])]
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Retrain the champion on new domain text and gate it.")
-    parser.add_argument(
-        "--domain-text",
-        help="file (one sentence a line) or folder of them; default the inbox (SENTCL_INBOX or inbox/): its new files",
-    )
+    parser.add_argument("--domain-text", default=str(inbox()), help="file or folder (default: the inbox)")
     parser.add_argument("--domain-dev", help="scored pairs: sentence1<TAB>sentence2<TAB>score")
-    parser.add_argument(
-        "--work-dir",
-        help="a work folder of your own, kept (default: runs/retrain/<time>-<sha8>-<random>, removed unless --keep)",
-    )
+    parser.add_argument("--work-dir", help="a work folder of your own, kept (default: under runs/retrain/)")
     parser.add_argument("--steps", type=int, help="override transfer steps (smoke runs)")
     parser.add_argument("--keep", action="store_true", help="keep the work folder after a successful run")
+    params_arguments(parser)
     args = parser.parse_args(argv)
-    args.domain_text = args.domain_text or str(inbox())
     # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
-        retrain_method(load_params())
-        files = new_files(args.domain_text, inbox())
+        RetrainConfig.from_params(load_params(args.params, args.overrides))
+        files = domain.new_files(args.domain_text, inbox())
         if files is not None and not files:
-            print(f"retrain: nothing new in {args.domain_text}; nothing registered")
+            say(f"nothing new in {args.domain_text}; nothing registered")
             return 0
-        check_retrain_input(args.domain_text, args.domain_dev, files)  # the flow warns, once
-    except (DomainTextError, ParamsError) as e:
+        domain.check_retrain_input(args.domain_text, args.domain_dev, files)  # the flow warns, once
+        with common.cli_errors("retrain"):
+            common.check_prefect_api()
+            options = {"keep": args.keep, "params": args.params, "overrides": args.overrides}
+            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, **options)
+    except (domain.DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2
-    try:
-        with cli_errors("retrain"):
-            check_prefect_api()
-            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, keep=args.keep)
-    except (DomainTextError, ParamsError) as e:
-        print(f"retrain: cannot run: {e}", file=sys.stderr)
-        return 2
-    except SystemExit:
-        raise
     except Exception as e:  # the flow's own log has the traceback
         print(f"retrain: failed: {e}", file=sys.stderr)
         return 1

@@ -32,8 +32,9 @@ from __future__ import annotations
 import os
 import sys
 
+from sentcl.params import process_params
 from sentcl.registry.rules import GateConfig
-from sentcl_mlflow.store import EXPERIMENT, client, load_params_file, tracking_uri
+from sentcl_mlflow.store import EXPERIMENT, client, tracking_uri
 
 # A password must not be easy to guess (docs/registry-security.md, "Where the secrets come from"): make serve's
 # infra/serve.sh applies the same rule to every secret it is given.
@@ -123,7 +124,7 @@ def setup(config: GateConfig | None = None) -> dict[str, str]:
     """Create the gate's (and optionally a teammate's) account and their permissions. Run as the admin."""
     from mlflow.exceptions import MlflowException
 
-    config = config or GateConfig.from_params(load_params_file())
+    config = config or GateConfig.from_params(process_params())
     gate_user, gate_password = _required("SENTCL_GATE_USER"), _required("SENTCL_GATE_PASSWORD")
     check_secret("SENTCL_GATE_PASSWORD", gate_password)  # every account's password, before anything is made
     for key in ("SENTCL_REGISTRAR_PASSWORD", "SENTCL_TEAM_PASSWORD"):

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from sentcl.digest import update_from_file
+from sentcl.params import process_params
 from sentcl_mlflow.store import (
     EXPERIMENT,
     client,
     experiment_id,
     git_commit,
     git_dirty,
-    load_params_file,
     preflight,
     quick_requests,
     repo_root,
@@ -197,7 +197,7 @@ def log_stage(
     # Every run carries the whole params.yaml, so runs of different stages compare on the same keys; the
     # stage's own (resolved) values win where they overlap.
     try:
-        flat_params = flatten(load_params_file())
+        flat_params = flatten(process_params())
     except (OSError, ValueError):
         flat_params = {}
     flat_params.update(flatten(params))

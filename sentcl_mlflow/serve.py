@@ -236,9 +236,9 @@ def build_app(model_dir: Path, limits: ServeLimits | None = None):  # noqa: ANN2
     from mlflow.pyfunc.scoring_server import init
 
     if limits is None:
-        from sentcl_mlflow.store import load_params_file
+        from sentcl.params import process_params
 
-        limits = ServeLimits.from_params(load_params_file())
+        limits = ServeLimits.from_params(process_params())
     model = mlflow.pyfunc.load_model(str(model_dir))
     app = init(model)
     encoder = app.state.encoder = Encoder(model)
@@ -281,11 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     import os
 
-    from sentcl.params import ParamsError
-    from sentcl_mlflow.store import load_params_file
+    from sentcl.params import ParamsError, read_params
 
     try:
-        limits = ServeLimits.from_params(load_params_file(args.params))
+        limits = ServeLimits.from_params(read_params(args.params))
     except ParamsError as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.params import load_yaml, read_section, whole_number
+from sentcl.params import ROOT, process_params, read_section, whole_number
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -80,7 +80,7 @@ class TrackingConfig:
 
 def bound_requests(config: TrackingConfig | None = None) -> None:
     """Set MLflow's request timeout and retries from params.yaml, leaving a value the user exported alone."""
-    config = config or TrackingConfig.from_params(load_params_file())
+    config = config or TrackingConfig.from_params(process_params())
     for name, variable in HTTP_ENV.items():
         os.environ.setdefault(variable, str(getattr(config, name)))
 
@@ -148,7 +148,7 @@ def repo_root(start: Path | None = None) -> Path:
     common = _git("rev-parse", "--path-format=absolute", "--git-common-dir", cwd=start)
     if common:
         return _outside_dvc_tmp(Path(common).parent.resolve())
-    return _outside_dvc_tmp(Path(__file__).resolve().parent.parent)
+    return _outside_dvc_tmp(ROOT)
 
 
 def tracking_uri() -> str:
@@ -312,13 +312,3 @@ def git_commit() -> str | None:
 def git_dirty() -> bool:
     status = _git("status", "--porcelain", "--untracked-files=no", cwd=repo_root())
     return bool(status)
-
-
-PROJECT = (
-    Path(__file__).resolve().parent.parent
-)  # the checkout this code runs from (a DVC temp workspace too)
-
-
-def load_params_file(path: Path | None = None) -> dict[str, Any]:
-    with open(path or PROJECT / "params.yaml") as f:
-        return load_yaml(f) or {}

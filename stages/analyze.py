@@ -19,7 +19,6 @@ import functools
 import logging
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -34,19 +33,22 @@ from sentcl.evaluation.analysis_runs import (
     sweep_finding,
 )
 from sentcl.model.encoder import resolve_model_path
-from sentcl.params import load_yaml
+from sentcl.params import Params, load_yaml
 from stages.common import METRICS, MODELS, PLOTS, RAW, ROOT, load_params, offline_hub
 
 log = logging.getLogger("stages.analyze")
 ANALYSIS = METRICS / "analysis"
 
 
-def transfer_cell(params_file: Path, work: Path, name: str, init: str, steps: int) -> None:
-    """One `stages.transfer` run of a sweep cell from ``params_file``, tracking off, everything under ``work``."""
-    cmd = [sys.executable, "-m", "stages.transfer", "--init", init, "--recipe", "base"]
-    cmd += ["--params", str(params_file), "--output", str(work / name), "--stage", name]
-    cmd += ["--metrics-dir", str(work / "metrics"), "--checkpoints-dir", str(work / "checkpoints")]
-    cmd += ["--steps", str(steps)]
+def transfer_cell(cell: Params, work: Path, name: str, init: str, steps: int) -> None:
+    """One `stages.transfer` run of a sweep cell with its own params file, tracking off, everything under ``work``."""
+    options = {"--init": init, "--recipe": "base", "--output": work / name, "--stage": name}
+    options |= {
+        "--metrics-dir": work / "metrics",
+        "--checkpoints-dir": work / "checkpoints",
+        "--steps": steps,
+    }
+    cmd = cell.command("stages.transfer", options)
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
     subprocess.run(cmd, check=True, cwd=ROOT, env=env)
 

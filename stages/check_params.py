@@ -18,19 +18,20 @@ from pathlib import Path
 from typing import Any
 
 from sentcl import params_check as rules
-from sentcl.data.domain import retrain_method, retrain_steps
 from sentcl.data.fetching import FetchConfig
 from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
-from sentcl.params import FlowConfig
+from sentcl.params import FlowConfig, ParamsError, apply_overrides
 from sentcl.params_check import SECTIONS
 from sentcl.registry.rules import GateConfig
-from sentcl.training.agreement import AgreementConfig
+from sentcl.retrain.config import RetrainConfig
+from sentcl.training import recipes
+from sentcl.training.config import ConfigError, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 from sentcl_mlflow.serve import ServeLimits
 from sentcl_mlflow.store import TrackingConfig
-from stages.common import METRICS, load_params, params_label, relabel
+from stages.common import METRICS, load_params, params_arguments
 from stages.training import stage_config
 from stages.transfer import transfer_config
 
@@ -41,8 +42,19 @@ def _check_training(params: dict[str, Any]) -> None:
     stage_config(params, "joint", {"mode": "joint"})
     for recipe in INIT_NAMES:
         transfer_config(params, recipe, {})
-    transfer_config(params, "base", {"objective": "tsdae"})  # the retrain flow's TSDAE runs
     rules.check_transfer_text(params)
+
+
+def _check_retrain_runs(params: dict[str, Any]) -> None:
+    """A retrain's runs as the flow builds them: each objective ``retrain.method`` trains, from a model folder
+    (recipe base), with ``retrain.transfer`` over ``transfer:``."""
+    config = RetrainConfig.from_params(params)
+    overlaid = apply_overrides(params, config.overrides)
+    for objective in config.objectives:
+        try:
+            TrainConfig.from_sections(recipes.transfer_sections(overlaid, "base", {"objective": objective}))
+        except ConfigError as exc:
+            raise ParamsError(f"params.yaml: retrain.transfer: {exc}") from None
 
 
 CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
@@ -51,9 +63,8 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("data", FetchConfig.from_params),
     ("training", _check_training),
     ("teacher", TeacherConfig.from_params),
-    ("retrain", retrain_method),
-    ("retrain held-out share", AgreementConfig.from_params),
-    ("retrain distill steps", lambda params: retrain_steps(params, "distill")),
+    ("retrain", RetrainConfig.from_params),
+    ("retrain runs", _check_retrain_runs),
     ("evaluate", rules.check_evaluate),
     ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),
@@ -73,21 +84,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--params", type=Path, help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument("--output", type=Path, default=METRICS / "params_ok.json")
     args = parser.parse_args(argv)
-    params = load_params(args.params)
+    params = load_params(args.params, args.overrides)
     try:
         check(params)
     except ValueError as exc:
-        print(relabel(str(exc), params_label(params)), file=sys.stderr)
+        print(params.relabel(str(exc)), file=sys.stderr)
         return EXIT_BAD_INPUT
     except SystemExit as exc:  # the training stages' own check has printed its one line
         return int(exc.code or EXIT_BAD_INPUT)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     # Constant content: a parameter change must not make every stage stale through this file.
     args.output.write_text(json.dumps({"params": "valid"}) + "\n")
-    print(f"check_params: {params_label(params)} is valid ({len(SECTIONS)} sections)")
+    print(f"check_params: {params.label} is valid ({len(SECTIONS)} sections)")
     return 0
 
 

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-import yaml
-
-from sentcl.params import load_yaml
+from sentcl.params import FILE, ROOT, Params, ParamsError, read_params
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT
 
-ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "data"
 RAW = DATA / "raw"  # fetch: SentEval layout + MANIFEST.json
 PROCESSED = DATA / "processed"  # validate: pairs.parquet, nli.parquet
@@ -25,43 +24,33 @@ PLOTS = ROOT / "plots"
 SHARED_MIRROR = ROOT.parent / "shared" / "senteval"  # the team mirror beside a checkout
 
 
-# Which file each mapping ``load_params`` returned came from, so messages name the file actually read ("params.yaml"
-# unless --params named another). Keyed by id, holding the mapping itself so that an id is never reused.
-_loaded: dict[int, tuple[dict[str, Any], str]] = {}
+def params_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--params FILE`` and ``--set KEY=VALUE``: what an entry point reads (``load_params(args.params,
+    args.overrides)``) and gives again to every stage it starts (``Params.command``)."""
+    parser.add_argument("--params", help="params file (default: params.yaml)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a params value for this run, as `dvc exp run -S` takes it: transfer.lr=1e-5 (+KEY=VALUE adds a key)",
+    )
 
 
-def params_label(params: dict[str, Any] | None = None) -> str:
-    """The file ``params`` was read from, as the user named it; "params.yaml" for any other mapping."""
-    entry = _loaded.get(id(params)) if params is not None else None
-    return entry[1] if entry is not None and entry[0] is params else "params.yaml"
-
-
-def relabel(message: str, label: str) -> str:
-    """A config error says ``params.yaml: ...``; name the file actually read instead."""
-    prefix = "params.yaml:"
-    return label + message[len("params.yaml") :] if message.startswith(prefix) else message
-
-
-def load_params(path: Path | None = None) -> dict[str, Any]:
-    """params.yaml (or ``path``) as a mapping. A missing, unreadable or malformed file is one line on stderr
-    naming it, exit code 2."""
-    file = Path(path) if path else ROOT / "params.yaml"
-    label = str(path) if path else "params.yaml"
+def load_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -> Params:
+    """An entry point's one read of params.yaml (or ``path``) with ``overrides``
+    (:func:`sentcl.params.read_params`); a missing, unreadable or malformed file, or an override that names no
+    key, is one line on stderr naming it, exit code 2."""
     try:
-        with open(file) as f:
-            params = load_yaml(f)
-    except FileNotFoundError:
-        fail(f"{label}: no such params file")
-    except (OSError, UnicodeDecodeError) as exc:
-        fail(f"{label}: cannot be read ({exc.__class__.__name__}: {exc})")
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f":{where.line + 1}" if where is not None else ""
-        fail(f"{label}{line}: not valid YAML ({getattr(exc, 'problem', None) or exc})")
-    if not isinstance(params, dict):
-        fail(f"{label}: must be a mapping of sections, got {type(params).__name__}")
-    _loaded[id(params)] = (params, label)
-    return params
+        return read_params(path, overrides)
+    except ParamsError as exc:
+        fail(str(exc))
+
+
+def params_label(params: Mapping[str, Any] | None = None) -> str:
+    """The file ``params`` was read from, as the user named it; "params.yaml" for any other mapping."""
+    return getattr(params, "label", FILE)
 
 
 def fail(message: str) -> NoReturn:

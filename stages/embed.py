@@ -36,7 +36,7 @@ from sentcl.model.embedding_io import (
     embed,
     read_lines,
 )
-from stages.common import load_params, offline_hub
+from stages.common import load_params, offline_hub, params_arguments
 
 
 def resolve_model_path(model: str) -> str:
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         default="auto",
         help="auto: ONNX fp32 where exact, else sentence-transformers; int8: the release's onnx/model_int8.onnx",
     )
+    params_arguments(parser)
     args = parser.parse_args(argv)
     offline_hub()
     quiet_loading()
@@ -106,7 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             and not Path(resolve_model_path(args.model)).is_dir()
         ):
             raise EmbedInputError(f"{args.model}: no such model folder (or pass a models:/ URI)")
-        registered = (load_params().get("registry") or {}).get("model_name", "sentcl-encoder")
+        registered = (load_params(args.params, args.overrides).get("registry") or {}).get(
+            "model_name", "sentcl-encoder"
+        )
         with tempfile.TemporaryDirectory(prefix="sentcl-embed-") as scratch:
             folder, label = resolve_model(args.model, Path(scratch), registered)
             print(f"embed: model = {label}", flush=True)

@@ -40,7 +40,17 @@ from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import BACKENDS
 from sentcl.model.pooling import POOLINGS
 from sentcl.training.recipes import checkpoint_lineage, training_stages
-from stages.common import METRICS, MODELS, PROCESSED, RAW, SEEN, load_params, missing_model, offline_hub
+from stages.common import (
+    METRICS,
+    MODELS,
+    PROCESSED,
+    RAW,
+    SEEN,
+    load_params,
+    missing_model,
+    offline_hub,
+    params_arguments,
+)
 
 REFERENCE = "base"  # what every checkpoint's gain is read against, on the same pairs
 
@@ -167,13 +177,14 @@ def main(argv: list[str] | None = None) -> int:
         help="skip the dev splits (stsb_dev, sick_dev: null): the seven test tasks only",
     )
     parser.add_argument("--no-progress", action="store_true")
+    params_arguments(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
     prompt_flags = {"template": args.template, "denoise": args.denoise}
     if not (args.data / "STS").is_dir():
         raise SystemExit(f"evaluate: {args.data} is not in SentEval layout (no STS/ folder)")
-    params = load_params()
+    params = load_params(args.params, args.overrides)
     try:
         if args.model:
             return run_standalone(args, params, prompt_flags)

@@ -31,7 +31,7 @@ from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, MODELS, PROCESSED, RAW, load_params, offline_hub
+from stages.common import METRICS, MODELS, PROCESSED, RAW, load_params, offline_hub, params_arguments
 
 OUTPUT = MODELS / "export"
 
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         help="file or folder of the training text for static int8 (default: transfer.texts)",
     )
+    params_arguments(parser)
     args = parser.parse_args(argv)
     offline_hub()
 
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentcl_mlflow.registry import names as registry
     from sentcl_mlflow.release import log_and_register, registry_summary
 
-    params = load_params()
+    params = load_params(args.params, args.overrides)
     config = GateConfig.from_params(params)  # a wrong registry section stops the stage before any work
     try:
         quantize_config = QuantizeConfig.from_params(params)

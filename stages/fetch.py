@@ -13,7 +13,7 @@ from pathlib import Path
 
 from sentcl.data.fetching import FetchConfig, FetchError, source_record
 from sentcl.data.fetching import fetch as fetch_into
-from stages.common import RAW, SHARED_MIRROR, load_params, params_label, relabel
+from stages.common import RAW, SHARED_MIRROR, load_params
 
 
 def fetch(config: FetchConfig, output: Path = RAW) -> dict:
@@ -26,7 +26,7 @@ def main() -> None:
     try:
         config = FetchConfig.from_params(params)
     except ValueError as exc:
-        print(relabel(str(exc), params_label(params)), file=sys.stderr)
+        print(params.relabel(str(exc)), file=sys.stderr)
         sys.exit(2)
     try:
         manifest = fetch(config)

@@ -30,7 +30,7 @@ def main(
     parser.add_argument("--init", default="base", help="base, or a model folder or id")
     args = parser.parse_args(argv)
     setup_logging()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     config = stage_config(params, section, {"mode": mode, "steps": args.steps})
     init = resolve_init(args.init, Path(args.models_dir))
     offline_hub()

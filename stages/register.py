@@ -20,7 +20,7 @@ from pathlib import Path
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, PROCESSED, load_params, offline_hub
+from stages.common import METRICS, PROCESSED, load_params, offline_hub, params_arguments
 from stages.export import OUTPUT
 
 
@@ -38,13 +38,14 @@ def main(argv: list[str] | None = None) -> int:
         default=PROCESSED,
         help="folder with the validate stage's pairs.parquet: the gate scores both models on its dev splits",
     )
+    params_arguments(parser)
     args = parser.parse_args(argv)
     offline_hub()
     from sentcl_mlflow import store
     from sentcl_mlflow.registry.names import target_model_name
     from sentcl_mlflow.release import log_and_register, registry_summary
 
-    params = load_params()
+    params = load_params(args.params, args.overrides)
     config = GateConfig.from_params(params)
     info_file = args.release / "export.json"
     if not info_file.is_file():

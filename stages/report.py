@@ -11,28 +11,30 @@ from __future__ import annotations
 
 import argparse
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sentcl.report import render_report
-from stages.common import METRICS, PLOTS, REPORTS, ROOT, load_params
+from stages.common import METRICS, PLOTS, REPORTS, ROOT, load_params, params_arguments
 
 
-def render(metrics: Path = METRICS, plots: Path = PLOTS, params: dict[str, Any] | None = None) -> str:
-    """The page for this checkout: its commit, and params.yaml unless ``params`` is given."""
+def render(metrics: Path, plots: Path, params: Mapping[str, Any]) -> str:
+    """The page for this checkout: its commit and ``params``."""
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout
-    params = params if params is not None else load_params()
     return render_report(metrics, plots, params, commit.strip(), ROOT)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output", type=Path, default=REPORTS / "index.html")
+    params_arguments(parser)
     args = parser.parse_args(argv)
+    params = load_params(args.params, args.overrides)
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(render())
+    args.output.write_text(render(METRICS, PLOTS, params))
     print(f"report: {args.output}")
     return 0
 

@@ -28,9 +28,9 @@ from typing import Any
 
 from sentcl.model import teacher as T
 from sentcl.params import ParamsError
+from sentcl.retrain.agreement import AGREEMENT_FILE, AgreementConfig, agreement_lines
 from sentcl.training import teacher_run as R
-from sentcl.training.agreement import AgreementConfig
-from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub
+from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub, params_arguments
 from stages.training import load_nli, load_pairs
 
 log = logging.getLogger("stages.teacher")
@@ -65,7 +65,7 @@ def run(
 ) -> dict[str, Any]:
     """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``.
     With ``heldout`` (a domain text's held-out share, never trained on), also ``output/agreement.tsv``: pairs
-    among those sentences scored by the teacher (``sentcl.training.agreement``), the label-free dev set."""
+    among those sentences scored by the teacher (``sentcl.retrain.agreement``), the label-free dev set."""
     settings = T.TeacherConfig.from_params(params)
     pairs = R.read_dev_pairs(domain_dev)
     held = R.read_heldout(heldout)
@@ -82,8 +82,11 @@ def run(
         tables = load_pairs(processed), load_nli(processed)
         sentences = R.sentences_to_encode(params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], log)
         record = R.encode(encoder, sentences, model, folder, settings, pairs, student)
-    lines = R.agreement_lines(record, held, agreement, params["seed"]) if agreement is not None else None
-    R.write_record(record, output, lines)
+    files = {}
+    if agreement is not None:
+        files[AGREEMENT_FILE] = "".join(agreement_lines(record, held, agreement, params["seed"]))
+        log.info("teacher: %d held-out sentences -> %s", len(held), record.meta["agreement"])
+    R.write_record(record, output, files)
     for line in R.summary_lines(record):
         log.info(line)
     return record.meta
@@ -96,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--raw", type=Path, default=RAW)
     parser.add_argument("--processed", type=Path, default=DATA / "processed")
-    parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument(
         "--domain-dev",
         type=Path,
@@ -113,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         fail("teacher: --student is scored on --domain-dev pairs; give them too")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     try:
         run(
             params,

@@ -30,6 +30,7 @@ from stages.common import (
     SEEN,
     fail,
     offline_hub,
+    params_arguments,
     params_label,
 )
 
@@ -96,7 +97,7 @@ def stage_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--processed", default=str(PROCESSED), help="folder with pairs.parquet and nli.parquet"
     )
-    parser.add_argument("--params", default=None, help="params file (default: params.yaml)")
+    params_arguments(parser)
     parser.add_argument(
         "--metrics-dir",
         help="where curves/ and train/ records go (default: metrics/, or <output>.records/ for an --output "

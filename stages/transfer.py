@@ -40,9 +40,9 @@ from typing import Any
 from sentcl.data.domain import DomainTextError, read_flag_pairs
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.teacher import TeacherError, TeacherVectors
+from sentcl.retrain.agreement import agreement_summary
 from sentcl.training import data as training_data
 from sentcl.training import recipes
-from sentcl.training.agreement import agreement_summary
 from sentcl.training.config import TRANSFER_OBJECTIVES, TrainConfig
 from sentcl.training.data import INIT_NAMES
 from sentcl.training.recipes import PRESETS
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.domain_dev and args.agreement:
         fail("transfer: --domain-dev and --agreement: give one (scored pairs win; the flow passes one)")
     training.setup_logging()
-    params = load_params(Path(args.params) if args.params else None)
+    params = load_params(args.params, args.overrides)
     section = params.get("transfer", {})
     stage, recipe = recipes.transfer_run(args.init, args.stage, args.recipe)
     output = Path(args.output) if args.output else Path(args.models_dir) / stage

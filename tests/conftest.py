@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import forget_process_params
 from tests.tiny import make_tiny_encoder
+
+
+@pytest.fixture(autouse=True)
+def _fresh_process_params():
+    """An entry point run in-process by one test (``transfer.main([...])``) leaves its params as the process's;
+    the next test starts as a fresh process does."""
+    yield
+    forget_process_params()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -1,5 +1,5 @@
-"""Where the tests find the repository, wherever in tests/ a test module sits."""
+"""Where the tests find the repository, wherever in tests/ a test module sits: the project's one ``ROOT``."""
 
-from pathlib import Path
+from sentcl.params import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
+__all__ = ["ROOT"]

@@ -16,96 +16,18 @@ import csv
 import hashlib
 import logging
 import shutil
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from sentcl.params import ParamsError, one_of, read_section, whole_number
 
 MIN_SENTENCES = 2  # in-batch negatives need at least two distinct sentences
 UNFINISHED_SUFFIXES = (".part", ".partial", ".crdownload", ".tmp")  # an upload or download still going
 PROCESSED_DIR = "processed"  # inbox/processed/<date>/: what earlier runs have read
-# retrain.method: the transfer objectives run one after the other, each from the previous one's output.
-RETRAIN_METHODS: dict[str, tuple[str, ...]] = {
-    "contrastive": ("contrastive",),
-    "tsdae": ("tsdae",),
-    "tsdae+contrastive": ("tsdae", "contrastive"),
-    # distill learns from params ``teacher.model``'s vectors of the domain text (the teacher stage writes them).
-    "distill": ("distill",),
-    "distill+contrastive": ("distill", "contrastive"),
-}
-# method: what trains; distill_steps: how long a distill run trains; the rest: the held-out share that selects and
-# gates without labels (sentcl.training.agreement)
-RETRAIN_KEYS = (
-    "method",
-    "distill_steps",
-    "heldout_share",
-    "heldout_max",
-    "agreement_neighbours",
-    "agreement_random",
-)
-
 log = logging.getLogger("sentcl.data.domain")
 
 
 class DomainTextError(ValueError):
     """Domain text that cannot be trained on; the message names the file and the rule."""
-
-
-def retrain_method(params: Mapping[str, Any]) -> str:
-    """params.yaml ``retrain.method`` (the only home of its default), checked."""
-    section = read_section(params, "retrain", RETRAIN_KEYS, optional=RETRAIN_KEYS)  # the rest: AgreementConfig
-    method = one_of(section.get("method"), "retrain.method", tuple(RETRAIN_METHODS))
-    retrain_teacher(params, method)
-    return method
-
-
-def retrain_steps(params: Mapping[str, Any], objective: str) -> int | None:
-    """The steps of a retrain run of ``objective``: params.yaml ``retrain.distill_steps`` for distill (a nightly
-    budget, shorter than the pipeline's transfer.distillation.steps); None for the others (their recipe's)."""
-    if objective != "distill":
-        return None
-    section = read_section(params, "retrain", RETRAIN_KEYS)
-    return whole_number(section["distill_steps"], "retrain.distill_steps", minimum=1)
-
-
-def chosen_method(params: Mapping[str, Any], method: str | None) -> str:
-    """``method`` (a retrain run's own choice) or params.yaml ``retrain.method``; one of RETRAIN_METHODS."""
-    method = method or retrain_method(params)
-    if method not in RETRAIN_METHODS:
-        raise ParamsError(f"method {method!r} is not one of {', '.join(RETRAIN_METHODS)}")
-    return method
-
-
-def retrain_teacher(params: Mapping[str, Any], method: str) -> str | None:
-    """params.yaml ``teacher.model`` when ``method`` distils (None when it does not); a distill method with
-    ``teacher.model: none`` is refused here, before any text is read or any model loaded."""
-    if "distill" not in RETRAIN_METHODS.get(method, ()):
-        return None
-    # The section's own rules are sentcl.teacher.TeacherConfig's (check_params, the teacher stage); only the
-    # model is read here, so that every stage reading this module does not depend on the teacher's code.
-    section = params.get("teacher")
-    model = section.get("model") if isinstance(section, Mapping) else None
-    if model in (None, "none"):
-        raise ParamsError(
-            f"params.yaml: retrain.method {method} distils from a teacher but teacher.model is {model or 'missing'} "
-            "(set teacher.model: all-mpnet-base-v2, a model folder or a models:/ URI)"
-        )
-    return str(model)
-
-
-def teacher_not_better(
-    teacher: str, teacher_score: float, student_score: float, min_delta: float
-) -> str | None:
-    """Why distilling would teach nothing (one line), or None: the teacher must beat the student on the
-    domain's dev pairs by more than ``min_delta`` (params ``registry.min_delta``: the registry's margin for a
-    score that counts as better; a smaller lead is noise, and a student rarely overtakes its teacher)."""
-    if teacher_score - student_score > min_delta:
-        return None
-    return (
-        f"teacher {teacher} scores {teacher_score:.2f} on the domain dev pairs, the student {student_score:.2f}: "
-        f"not better by more than registry.min_delta {min_delta:.2f}, nothing to distil"
-    )
 
 
 @dataclass

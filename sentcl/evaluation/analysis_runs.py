@@ -13,14 +13,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sentcl.evaluation.analysis import pooled_without_frequent, space_stats, token_frequencies
 from sentcl.evaluation.analysis_plots import plot_freq_tokens, plot_space, plot_sweep
 from sentcl.evaluation.benchmark import load_benchmark, score_vectors
 from sentcl.evaluation.models import CHECKPOINTS
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
+from sentcl.params import Params, merge, write_params
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +31,7 @@ SWEEPS: dict[str, tuple[str, list[Any]]] = {
 }
 # Trains one sweep cell: (its params file, the work folder, the cell's name) -> the model in work/<name>, its
 # record in work/metrics/train/<name>.json and its curve in work/metrics/curves/<name>.csv.
-RunCell = Callable[[Path, Path, str], None]
+RunCell = Callable[[Params, Path, str], None]
 
 
 def write_csv(path: Path, rows: Sequence[dict[str, Any]]) -> None:
@@ -158,7 +157,7 @@ def summarize_freq_tokens(rows: list[dict[str, Any]], label: str, analysis: Path
 def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) -> dict[str, Any]:
     """params.yaml for one cell: ``overrides`` go into the ``transfer.base`` recipe (``texts``/``max_texts`` into
     ``transfer``), so every cell has the same encoder dropout and a grid compares views, not dropout."""
-    p = json.loads(json.dumps(params))
+    p = merge(params, {})  # a copy of its own
     stage_keys = {k: v for k, v in overrides.items() if k in ("texts", "max_texts")}
     recipe = {k: v for k, v in overrides.items() if k not in stage_keys}
     # Evaluate on STS-B dev only at the start and the end: selection would otherwise dominate a short run. Set
@@ -172,10 +171,9 @@ def sweep_params(params: dict[str, Any], overrides: dict[str, Any], steps: int) 
 
 def train_cell(run_cell: RunCell, cell_params: dict[str, Any], work: Path, name: str) -> dict[str, Any]:
     """One sweep cell trained by ``run_cell`` from its own params file; returns its metrics."""
-    params_file = work / f"{name}.yaml"
-    params_file.write_text(yaml.safe_dump(cell_params))
+    cell = write_params(cell_params, work / f"{name}.yaml")
     start = time.perf_counter()
-    run_cell(params_file, work, name)
+    run_cell(cell, work, name)
     metrics = json.loads((work / "metrics" / "train" / f"{name}.json").read_text())
     metrics["wall_s"] = round(time.perf_counter() - start, 1)
     # The last evaluation's STS-B dev, whether or not selection kept it: a view that hurts shows here, while the

@@ -8,6 +8,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from sentcl.model.pooling import ModelPooling, PromptSettings
+from sentcl.params import merge
 from sentcl.training.objectives.base import CONTRASTIVE_LOSSES
 from sentcl.training.objectives.distill import DistillConfig
 from sentcl.training.objectives.promptbert import PromptTraining
@@ -203,11 +204,13 @@ class TrainConfig:
 
     @classmethod
     def from_sections(cls, sections: Sequence[tuple[str, dict[str, Any]]]) -> TrainConfig:
-        """Merge params.yaml sections in order (later wins; ``view`` and ``prompt`` merge key by key). A key that
-        is not a setting is an error naming the key and its section; so is a setting that no section gives."""
+        """Merge params.yaml sections in order (``sentcl.params.merge``: later wins; ``view``, ``prompt`` and
+        ``distill`` key by key). A key that is not a setting is an error naming the key and its section; so is a
+        setting that no section gives."""
         values: dict[str, Any] = {}
         for section, items in sections:
-            _merge(values, items, cls, section)
+            _check_keys(items, cls, section)
+            values = merge(values, items)
         missing = _missing(values, cls)
         if missing:
             raise ConfigError(f"{', '.join(s for s, _ in sections)}: no value for {missing[0]!r}")
@@ -223,18 +226,18 @@ _NESTED: dict[tuple[type, str], type] = {
 }
 
 
-def _merge(into: dict[str, Any], items: dict[str, Any] | None, kind: type, where: str) -> None:
+def _check_keys(items: dict[str, Any] | None, kind: type, where: str) -> None:
+    """Every key of ``items`` is a setting of ``kind``, and a nested setting's value a mapping of its own."""
     names = {f.name for f in fields(kind)}
     for key, value in (items or {}).items():
         if key not in names:
             raise ConfigError(f"{where}: unknown key {key!r}")
         nested = _NESTED.get((kind, key))
         if nested is None:
-            into[key] = value
             continue
         if value is not None and not isinstance(value, dict):
             raise ConfigError(f"{where}.{key}: a mapping of {', '.join(f.name for f in fields(nested))}")
-        _merge(into.setdefault(key, {}), value, nested, f"{where}.{key}")
+        _check_keys(value, nested, f"{where}.{key}")
 
 
 def _missing(values: dict[str, Any], kind: type, prefix: str = "") -> list[str]:

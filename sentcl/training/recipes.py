@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from sentcl.params import merge
+
 INIT_NAMES = ("base", "nli", "joint")
 # The transfer section's own keys that the stage reads itself (its text, and the recipe subsections).
 TRANSFER_KEYS = ("texts", "max_texts", *INIT_NAMES, "tsdae", "distillation")
 # The subsection an objective adds over the init's recipe.
 OVERLAYS = {"tsdae": "tsdae", "distill": "distillation"}
-# Settings that are mappings of their own settings, merged key by key (``sentcl.training.config._NESTED``).
-NESTED = ("view", "prompt", "distill")
 # The checkpoints of the stages that are not ``transfer``: their section, and the mode they train in.
 STAGE_SECTIONS = {"nli": ("pretrain_nli", "nli"), "joint": ("joint", "joint")}
 
@@ -124,29 +124,14 @@ def checkpoint_sections(params: dict[str, Any], checkpoint: str) -> Sections:
 
 
 def merged(sections: Sections) -> dict[str, Any]:
-    """The settings the sections give, later ones winning (the ``NESTED`` mappings key by key), with a preset's
-    values over them as ``TrainConfig`` applies it. Unknown keys are kept, not refused."""
+    """The settings the sections give, later ones winning (``sentcl.params.merge``: ``view``, ``prompt`` and
+    ``distill`` key by key), with a preset's values over them as ``TrainConfig`` applies it. Unknown keys are kept,
+    not refused."""
     values: dict[str, Any] = {}
     for _, items in sections:
-        for key, value in (items or {}).items():
-            if key in NESTED and isinstance(value, dict):
-                values[key] = _merge_nested(values.get(key), value)
-            elif key not in NESTED or value is not None:
-                values[key] = value
+        values = merge(values, items)
     values.update(PRESETS.get(values.get("preset") or "", {}))
     return values
-
-
-def _merge_nested(into: Any, items: dict[str, Any]) -> dict[str, Any]:
-    out = dict(into) if isinstance(into, dict) else {}
-    for key, value in items.items():
-        if not isinstance(out.get(key), dict):
-            out[key] = value
-        elif isinstance(value, dict):  # a mapping inside a mapping (prompt.saved): key by key too
-            out[key] = _merge_nested(out[key], value)
-        elif value is not None:  # None leaves it, as TrainConfig does
-            out[key] = value
-    return out
 
 
 def checkpoint_settings(params: dict[str, Any], checkpoint: str) -> dict[str, Any]:

@@ -24,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -37,12 +38,10 @@ from sentcl.model import teacher as T
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.pooling import read_model_pooling
-from sentcl.training.agreement import AgreementConfig, agreement_pairs
 from sentcl.training.data import TextChoiceError, limit_texts, transfer_texts
 
 log = logging.getLogger(__name__)
 ScoredPairs = list[tuple[str, str, float]]
-AGREEMENT_FILE = "agreement.tsv"  # the label-free dev set of a retrain (--heldout)
 
 
 def package_roots(extra: str | None) -> list[Path]:
@@ -153,21 +152,6 @@ def read_heldout(path: Path | None) -> list[str]:
         raise T.TeacherError(f"--heldout {path}: {exc}") from None
 
 
-def agreement_lines(
-    record: T.TeacherVectors, held: list[str], config: AgreementConfig, seed: int
-) -> list[str]:
-    """``agreement.tsv``'s lines: pairs among the held-out sentences, each scored by the teacher's cosine of its
-    stored (fp16) vectors; the record's meta says how many."""
-    pairs = agreement_pairs(
-        held, record.lookup(held), config.agreement_neighbours, config.agreement_random, seed
-    )
-    record.meta["agreement"] = {"heldout": len(held), "pairs": len(pairs), "file": AGREEMENT_FILE}
-    log.info(
-        "teacher: %d held-out sentences -> %d agreement pairs (%s)", len(held), len(pairs), AGREEMENT_FILE
-    )
-    return [f"{a}\t{b}\t{score:.6f}\n" for a, b, score in pairs]
-
-
 def pair_sentences(pairs: ScoredPairs) -> list[str]:
     return list(dict.fromkeys(s for a, b, _ in pairs for s in (a, b)))
 
@@ -247,12 +231,13 @@ def summary_lines(record: T.TeacherVectors) -> list[str]:
     return lines
 
 
-def write_record(record: T.TeacherVectors, output: Path, agreement: list[str] | None = None) -> None:
-    """Written beside, then swapped in: a failure leaves the previous output whole."""
+def write_record(record: T.TeacherVectors, output: Path, files: Mapping[str, str] | None = None) -> None:
+    """Written beside, then swapped in: a failure leaves the previous output whole. ``files``: more files of
+    the output, by name (a retrain's agreement pairs)."""
     tmp = output.with_name(output.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     record.save(tmp)
-    if agreement is not None:
-        (tmp / AGREEMENT_FILE).write_text("".join(agreement), encoding="utf-8")
+    for name, text in (files or {}).items():
+        (tmp / name).write_text(text, encoding="utf-8")
     shutil.rmtree(output, ignore_errors=True)
     tmp.rename(output)

@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sentcl.params import process_params
 from sentcl.registry.rules import (
     REFUSED,
     TAG_ROLLED_BACK,
@@ -78,11 +79,9 @@ def _scorer(
     def make() -> Scorer:
         if scorer is not None:
             return scorer
-        from sentcl_mlflow.store import load_params_file
-
         dev = DevSets.load(dev_pairs, domain_dev)
         print(f"gate: scoring on {dev.describe()} ({dev.source})")
-        return dev_scorer(dev, params if params is not None else load_params_file())
+        return dev_scorer(dev, params if params is not None else process_params())
 
     return make
 

@@ -370,10 +370,11 @@ def main(argv: list[str] | None = None) -> int:
         # Set in this process only: /proc/<pid>/environ shows the environment it started with, not this.
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = args.user, password
         del password
+    from sentcl.params import read_params
     from sentcl.registry.rules import GateConfig
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client, load_params_file
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client
 
-    params = load_params_file(args.params)
+    params = read_params(args.params)
     source = GateConfig.from_params(params).candidate_model_name
     try:
         client()
@@ -383,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     except TrackingUnavailableError as e:
         print(f"gate: {e}", file=sys.stderr)
         return 75
+    from sentcl.params import ROOT as PROJECT
     from sentcl_mlflow.registry.measure import DEV_PAIRS
-    from sentcl_mlflow.store import PROJECT
 
     # make stop's TERM unwinds (the pinned copy's folder is removed) instead of killing the process mid-write.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

@@ -18,17 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sentcl.params import ROOT
 from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, Scores
 from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
 from sentcl_mlflow.pyfunc_checks import ManifestUnavailableError, WeightsMismatchError
 from sentcl_mlflow.registry.download import download_verified, st_folder_in
-from sentcl_mlflow.store import PROJECT
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 # The validate stage's table of scored pairs (stages.common.PROCESSED, which this layer cannot import).
-DEV_PAIRS = PROJECT / "data" / "processed" / "pairs.parquet"
+DEV_PAIRS = ROOT / "data" / "processed" / "pairs.parquet"
 
 Pair = tuple[str, str, float]
 # What scores a downloaded, verified model: (the version, the folder the logged model was downloaded to).

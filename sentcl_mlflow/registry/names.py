@@ -7,9 +7,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from sentcl.params import process_params
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.errors import unreachable
-from sentcl_mlflow.store import EXPERIMENT, load_params_file
+from sentcl_mlflow.store import EXPERIMENT
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -19,7 +20,7 @@ REGISTERING, READY = "registering", "ready"
 
 
 def gate_config(params: Mapping[str, Any] | None = None) -> GateConfig:
-    return GateConfig.from_params(params if params is not None else load_params_file())
+    return GateConfig.from_params(params if params is not None else process_params())
 
 
 # `make serve` sets it on the worker (so its flow runs and their stages): they hold the registrar's account,

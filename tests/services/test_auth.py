@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import auth, store
 from sentcl_mlflow.errors import GateRefusedError, PromotionLockTimeout
@@ -333,7 +334,7 @@ def test_a_teammates_make_register_is_refused_in_one_line(auth_server, monkeypat
     monkeypatch.setenv("SENTCL_GATE_PASSWORD", GATE[1])
     monkeypatch.setenv("SENTCL_TEAM_USER", TEAM[0])
     monkeypatch.setenv("SENTCL_TEAM_PASSWORD", TEAM[1])
-    auth.setup(GateConfig.from_params(store.load_params_file()))  # the model names `make register` uses
+    auth.setup(GateConfig.from_params(read_params()))  # the model names `make register` uses
     out = run_register(
         release, tmp_path, 180, MLFLOW_TRACKING_USERNAME=TEAM[0], MLFLOW_TRACKING_PASSWORD=TEAM[1]
     )

@@ -389,8 +389,8 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, retrain_method
     from sentcl.params import ParamsError
+    from sentcl.retrain.config import RETRAIN_METHODS, retrain_method
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert retrain_method(params) == params["retrain"]["method"] in RETRAIN_METHODS
@@ -403,8 +403,7 @@ def test_retrain_method_comes_from_params_and_a_bad_one_is_one_line_exit_2(tmp_p
         with pytest.raises(ParamsError, match=message.replace("+", r"\+")):
             retrain_method({**params, "retrain": bad})
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
-    monkeypatch.setattr(module, "load_params", lambda path=None: {**params, "retrain": {"method": "gpl"}})
-    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    assert module.main(["--domain-text", str(tmp_path / "text.txt"), "--set", "retrain.method=gpl"]) == 2
     err = capsys.readouterr().err.strip()
     assert "retrain.method 'gpl'" in err and len(err.splitlines()) == 1
 
@@ -666,8 +665,8 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     import yaml
 
     from flows import retrain as module
-    from sentcl.data.domain import RETRAIN_METHODS, retrain_teacher
     from sentcl.params import ParamsError
+    from sentcl.retrain.config import RETRAIN_METHODS, retrain_teacher
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     assert RETRAIN_METHODS["distill+contrastive"] == ("distill", "contrastive")
@@ -679,9 +678,8 @@ def test_a_distill_method_with_teacher_none_is_one_line_exit_2(tmp_path, monkeyp
     with pytest.raises(ParamsError, match="retrain.method distill\\+contrastive .* teacher.model is none"):
         retrain_teacher(params | {"teacher": {**params["teacher"], "model": "none"}}, "distill+contrastive")
     (tmp_path / "text.txt").write_text("one sentence\nanother sentence\n")
-    bad = {**params, "retrain": {"method": "distill"}, "teacher": {**params["teacher"], "model": "none"}}
-    monkeypatch.setattr(module, "load_params", lambda path=None: bad)
-    assert module.main(["--domain-text", str(tmp_path / "text.txt")]) == 2
+    bad = ["--set", "retrain.method=distill", "--set", "teacher.model=none"]
+    assert module.main(["--domain-text", str(tmp_path / "text.txt"), *bad]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "retrain.method distill" in err and "teacher.model is none" in err
 
@@ -747,7 +745,7 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     _distill_params(options, teacher, min_delta=0.0)
     params = yaml.safe_load(Path(options["params"]).read_text())
     params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
-    params["retrain"].update(distill_steps=4)  # the flow's distill runs train this long, not the pipeline's
+    params["retrain"]["transfer"] = {"distillation": {"steps": 4}}  # not the pipeline's transfer's steps
     Path(options["params"]).write_text(yaml.safe_dump(params))
     encode = FastEncoder(teacher, backend="torch")
 
@@ -767,7 +765,7 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     assert not result["teacher"]["nothing_to_distil"]
     (run,) = result["runs"]
     assert run["objective"] == "distill" and run["selected_on"] == "domain_dev"
-    assert run["steps"] == 4  # retrain.distill_steps
+    assert run["steps"] == 4  # retrain.transfer.distillation.steps
     work = Path(result["work_dir"])
     # The teacher encoded what the run reads (its text and the dev pairs), no STS sentence.
     encoded = set(json.loads((work / "teacher" / "sentences.json").read_text()))
@@ -795,7 +793,7 @@ def test_without_domain_dev_a_distill_run_holds_out_text_and_selects_on_teacher_
     _distill_params(options, make_tiny_teacher(tmp_path), min_delta=0.0)
     params = yaml.safe_load(Path(options["params"]).read_text())
     params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
-    params["retrain"].update(heldout_share=0.25, distill_steps=3)
+    params["retrain"].update(heldout_share=0.25, transfer={"distillation": {"steps": 3}})
     Path(options["params"]).write_text(yaml.safe_dump(params))
     write_mini_senteval(tmp_path / "raw")
     sentences = tiny_sentences(40, seed=9)
@@ -815,7 +813,7 @@ def test_without_domain_dev_a_distill_run_holds_out_text_and_selects_on_teacher_
     assert result["heldout"]["agreement_pairs"] == len(pairs)
     assert result["selected_on"] == "teacher_agreement"
     (run,) = result["runs"]
-    assert run["selected_on"] == "teacher_agreement" and run["steps"] == 3  # retrain.distill_steps
+    assert run["selected_on"] == "teacher_agreement" and run["steps"] == 3  # retrain.transfer
     stage = f"retrain-{result['domain_text_sha256'][:8]}-distill"
     record = json.loads((work / "metrics" / "train" / f"{stage}.json").read_text())
     assert record["selected_on"] == "teacher_agreement"

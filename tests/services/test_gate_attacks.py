@@ -36,10 +36,10 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import GateConfig, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import store
 from sentcl_mlflow.registry.names import production_experiment
-from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_auth import as_user
 from tests.services.test_gate_boundary import POOL, _wait_for_run
@@ -51,7 +51,7 @@ from tests.tiny import make_tiny_encoder
 
 pytestmark = pytest.mark.slow
 
-CONFIG = GateConfig.from_params(load_params_file())
+CONFIG = GateConfig.from_params(read_params())
 PROD, CANDIDATES = CONFIG.model_name, CONFIG.candidate_model_name
 ADMIN = ("admin", SECRETS["MLFLOW_AUTH_ADMIN_PASSWORD"])
 REGISTRAR = ("sentcl-registrar", SECRETS["SENTCL_REGISTRAR_PASSWORD"])

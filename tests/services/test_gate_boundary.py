@@ -18,9 +18,9 @@ import time
 
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow import store
-from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_infra import (
     GATE_PASSWORD,
@@ -32,7 +32,7 @@ from tests.services.test_infra import (
     serve_env,
 )
 
-PROD = GateConfig.from_params(load_params_file()).model_name
+PROD = GateConfig.from_params(read_params()).model_name
 POOL = "sentcl-gpu-local"  # infra/serve.sh's default pool
 
 

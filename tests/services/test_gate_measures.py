@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import TAG_WEIGHTS, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import store
 from sentcl_mlflow.errors import GateRefusedError
@@ -173,7 +174,7 @@ def test_the_gate_process_verifies_a_candidate_before_its_tags_decide_anything(m
 
     mlc = store.client()
     pairs = models["pairs"]
-    params = store.load_params_file()
+    params = read_params()
     registry = {**params["registry"], "model_name": JUDGED, "candidate_model_name": JUDGED_CANDIDATES}
     params = {**params, "registry": registry}
     first, _ = register_folder(models["good"], JUDGED, 10.0, 10.0)

@@ -22,6 +22,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import GateConfig, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import auth, store
 from sentcl_mlflow.registry.download import download_verified
@@ -29,7 +30,6 @@ from sentcl_mlflow.registry.gate import promote
 from sentcl_mlflow.registry.gatekeeper import DOMAIN_DEV_ARTIFACT, TAG_GATE_INPUTS, gate_inputs_tag, verdict
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied
 from sentcl_mlflow.registry.names import production_experiment
-from sentcl_mlflow.store import load_params_file
 from tests.paths import ROOT
 from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
 from tests.services.test_gate_measures import spearman_of
@@ -39,7 +39,7 @@ from tests.tiny import make_tiny_encoder, tiny_sentences
 
 REGISTRAR = ("sentcl-registrar", "registrar-secret-for-tests-1")
 READER = ("reader", "reader-secret-for-tests-1")  # an account with no grant: the server's default, READ
-CONFIG = GateConfig.from_params(load_params_file())
+CONFIG = GateConfig.from_params(read_params())
 PROD, CANDIDATES = CONFIG.model_name, CONFIG.candidate_model_name
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
 from sentcl.registry.rules import weight_file_digests, weights_fingerprint
 from sentcl_mlflow import errors, exit_codes, store
 from sentcl_mlflow.errors import PromotionLockTimeout
@@ -309,7 +310,7 @@ def test_hung_mlflow_mid_register_fails_within_the_bounded_timeout_one_line_exit
         print(f"hung server: register exited 75 {seconds:.1f}s after the hang: {line}")
     finally:
         relay.close()
-    bound = store.TrackingConfig.from_params(store.load_params_file()).worst_case_s()
+    bound = store.TrackingConfig.from_params(read_params()).worst_case_s()
     assert "stopped answering" in line and "promotion lease" in line
     # One bounded request, the renewer's join and two short cleanup tries; MLflow's defaults took 385 s.
     assert seconds < 3 * bound + 20, (seconds, bound)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sentcl_mlflow.store import load_params_file
+from sentcl.params import read_params
 from tests.paths import ROOT
 from tests.services.test_pyfunc_manifest import SENTENCES, register_tiny_pyfunc
 from tests.services.test_registry import free_port
@@ -39,7 +39,7 @@ def model_uri(tiny_model):
 
 def start_server(model_uri: str, tmp_path: Path, **serve: float) -> tuple[subprocess.Popen, int]:
     """The CLI on a free loopback port, with params.yaml's ``serve:`` section changed by ``serve``."""
-    params = load_params_file()
+    params = read_params()
     params["serve"] = {**params["serve"], **serve}
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))

@@ -110,10 +110,10 @@ def _dvc(repo: Path, *args: str, check: bool = True) -> subprocess.CompletedProc
     )
 
 
-def test_dvc_exp_run_with_a_bad_value_deletes_no_output(tmp_path):
-    """The issue's case in a scratch git + DVC repository: the project's check_params stage (its command, params
-    and output) before a stand-in for transfer that depends on its output and on the `transfer` params, with a
-    cached model folder and an uncached, git-tracked metrics file, as the real stage has."""
+def scratch_repo(tmp_path: Path) -> Path:
+    """A scratch git + DVC repository: the project's params.yaml and check_params stage (its command, params and
+    output) before a stand-in for transfer that depends on its output and on the `transfer` params, with a
+    cached model folder and an uncached, git-tracked metrics file, as the real stage has; reproduced, committed."""
     repo = tmp_path / "repo"
     repo.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
@@ -144,6 +144,12 @@ def test_dvc_exp_run_with_a_bad_value_deletes_no_output(tmp_path):
     _dvc(repo, "repro")
     subprocess.run(["git", "add", "-A"], cwd=repo, check=True)
     subprocess.run(["git", "commit", "-qm", "baseline"], cwd=repo, check=True)
+    return repo
+
+
+def test_dvc_exp_run_with_a_bad_value_deletes_no_output(tmp_path):
+    """The issue's case: `dvc exp run -S` with a value check_params refuses."""
+    repo = scratch_repo(tmp_path)
     model = (repo / "models/transfer-base/weights.txt").read_bytes()
     record = (repo / "metrics/train/transfer-base.json").read_bytes()
 

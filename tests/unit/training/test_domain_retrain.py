@@ -132,21 +132,6 @@ def test_tsdae_recipe_comes_from_params_yaml():
     assert train_config().objective == params["transfer"]["objective"] == "contrastive"
 
 
-def test_a_retrain_distill_run_trains_retrain_distill_steps_and_the_other_objectives_their_recipe():
-    from sentcl.data.domain import retrain_steps
-    from sentcl.params import ParamsError
-
-    params = yaml.safe_load(open("params.yaml"))
-    assert retrain_steps(params, "distill") == params["retrain"]["distill_steps"]
-    assert retrain_steps(params, "contrastive") is None and retrain_steps(params, "tsdae") is None
-    for bad in (0, 2.5, True, "600"):
-        with pytest.raises(ParamsError, match="retrain.distill_steps must be a whole number >= 1"):
-            retrain_steps({**params, "retrain": {**params["retrain"], "distill_steps": bad}}, "distill")
-    rest = {k: v for k, v in params["retrain"].items() if k != "distill_steps"}
-    with pytest.raises(ParamsError, match="retrain.distill_steps is missing"):
-        retrain_steps({**params, "retrain": rest}, "distill")
-
-
 def test_tsdae_damage_deletes_whitespace_words_and_keeps_one(tiny_model):
     objective = tsdae_trainer(tiny_model).objective
     generator = torch.Generator().manual_seed(0)
@@ -478,11 +463,11 @@ def test_bench_domain_scores_before_and_after_each_method_on_a_tiny_model(stage_
         "stsb_dev",
     }
     # tsdae+contrastive continued from the very TSDAE run of `tsdae` instead of training it again
-    assert labelled["runs"][1]["init"].endswith("labelled-tsdae-0")
+    models = tmp_path / "work" / "labelled" / "models"
+    assert labelled["runs"][1]["init"] == str(models / "labelled-tsdae")
     assert labelled["runs"][0] == result["methods"]["tsdae labelled"]["runs"][0]
-    assert (
-        not (tmp_path / "work" / "labelled-tsdae-contrastive-0").exists() and "reusing the tsdae run" in out
-    )
+    assert sorted(p.name for p in models.iterdir()) == ["labelled-tsdae", "labelled-tsdae-contrastive"]
+    assert out.count("bench-domain: reusing the labelled-tsdae run") == 1
     # the gate's rule on STS-B dev and the selection set, before vs after; nothing registered anywhere
     assert labelled["gate"]["decision"] in ("would promote", "would reject") and "| gate (STS-B dev" in out
     assert any(r.startswith("stsb_dev ") for r in labelled["gate"]["reasons"])
@@ -575,7 +560,8 @@ def test_bench_domain_skips_distilling_from_a_teacher_no_better_than_the_student
     assert result["methods"] == {} and list(result["skipped"]) == ["distill"]
     assert "nothing to distil" in result["skipped"]["distill"]
     assert f"teacher {teacher['teacher']:.2f}, starting model {teacher['student']:.2f}" in out
-    assert "distill: skipped: teacher" in out and not (tmp_path / "work" / "distill-0").exists()
+    assert "distill: skipped: teacher" in out and not (tmp_path / "work" / "labelled" / "models").exists()
+    assert not (tmp_path / "work" / "label-free").exists()  # untrained in both modes
 
 
 def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
@@ -598,12 +584,10 @@ def test_bench_domain_distils_from_a_better_teacher(stage_args, capsys):
     # selects on the teacher's agreement pairs among the held-out sentences only.
     work = tmp_path / "work" / "label-free"
     held = set((work / "heldout.txt").read_text().splitlines())
-    trained = set((work / "text.txt").read_text().splitlines())
+    trained = set((work / "texts.txt").read_text().splitlines())
     assert held and not held & trained
     assert held | trained == set((tmp_path / "text.txt").read_text().splitlines())
-    assert not held & set(
-        (tmp_path / "work" / "metrics" / "seen" / "label-free-distill-0.txt").read_text().splitlines()
-    )
+    assert not held & set((work / "metrics" / "seen" / "label-free-distill.txt").read_text().splitlines())
     agreement = [line.split("\t") for line in (work / "teacher" / "agreement.tsv").read_text().splitlines()]
     assert agreement and all(a in held and b in held for a, b, _ in agreement)
     (free,) = result["methods"]["distill label-free"]["runs"]

@@ -28,6 +28,7 @@ from sentcl.model.prompt import (
     PromptPooler,
     template_ids,
 )
+from sentcl.params import write_params
 from sentcl.training.objectives.promptbert import MLPHead, PromptContrastiveLoss
 from tests.unit.evaluation.test_sts_benchmark import make_tiny_model, split_inputs, write_mini_senteval
 
@@ -263,8 +264,9 @@ def test_evaluate_scores_a_prompt_folder_with_its_own_pooling_unless_a_flag_says
         f"m={models / 'base'}",
         "--data",
         str(data),
+        "--params",
+        str(write_params(params, tmp_path / "params.yaml").file),
     ]
-    monkeypatch.setattr(stage, "load_params", lambda: params)
     stage.main([*argv, "--output", str(out), "--backend", "torch", "--no-progress"])
     written = json.loads(out.read_text())
     assert written["p"]["pooling"] == "prompt" and written["p"]["all"] == by_prompt["all"]

@@ -300,10 +300,11 @@ def test_the_three_stages_end_to_end(tmp_path):
 
 
 def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
+    from sentcl.params import read_params
     from stages.common import ROOT
     from stages.profile import set_flags
 
-    flags = set_flags(ROOT / "profiles" / "paper.yaml")
+    flags = set_flags(ROOT / "profiles" / "paper.yaml", read_params())
     assert "-S=transfer.lr=5e-07" in flags and '-S=transfer.base.views=["feature_cutoff","shuffle"]' in flags
     assert (
         "-S=transfer.base.encoder_dropout=false" in flags and "-S=transfer.nli.encoder_dropout=true" in flags
@@ -316,8 +317,8 @@ def test_paper_profile_flags_are_consert_recipes_and_new_keys_append():
 def test_no_cpu_default_in_a_stage_section_shadows_a_profiles_train_setting():
     """A stage's section wins over `train`: a key params.yaml sets in a stage section (transfer.eval_steps for the
     CPU profile) would silently beat a profile's `train` value unless the profile sets that section's key too."""
+    from sentcl.params import merge
     from stages.common import ROOT
-    from stages.profile import merge
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     stages = ("pretrain_nli", "joint", "transfer")
@@ -337,6 +338,7 @@ def test_no_cpu_default_in_a_stage_section_shadows_a_profiles_train_setting():
 def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
     """`stages.profile --smoke`: a profile meant for a GPU still builds valid configs and trains."""
     from stages import profile
+    from stages.common import load_params
 
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
     model = make_tiny_encoder(tmp_path / "hub")
@@ -346,7 +348,7 @@ def test_every_profile_runs_two_steps_on_a_tiny_model(tmp_path, monkeypatch):
     for path in profiles:
         work = tmp_path / path.stem
         work.mkdir()
-        records = profile.smoke(path, model, processed, profile.SHARED_MIRROR, work)
+        records = profile.smoke(path, load_params(), model, processed, profile.SHARED_MIRROR, work)
         stages = ["joint", "nli", "transfer-base", "transfer-joint", "transfer-nli"]
         assert sorted(records) == stages, path.name
         for stage, record in records.items():

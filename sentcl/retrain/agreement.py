@@ -22,9 +22,24 @@ from typing import Any
 
 import numpy as np
 
-from sentcl.data.domain import RETRAIN_KEYS, write_sentences
+from sentcl.data.domain import write_sentences
+from sentcl.model.teacher import TeacherVectors
 from sentcl.params import ParamsError, read_section, real_number, whole_number
 from sentcl.training.objectives.distill import nearest_neighbours
+
+AGREEMENT_FILE = (
+    "agreement.tsv"  # in the teacher stage's output: the label-free dev set of a retrain (--heldout)
+)
+# method: what trains; transfer: what a retrain's runs train with over params ``transfer:`` (its distill steps);
+# the rest: the held-out share that selects and gates without labels (AgreementConfig)
+RETRAIN_KEYS = (
+    "method",
+    "heldout_share",
+    "heldout_max",
+    "agreement_neighbours",
+    "agreement_random",
+    "transfer",
+)
 
 
 @dataclass(frozen=True)
@@ -90,18 +105,30 @@ def agreement_pairs(
     return sorted((sentences[i], sentences[j], float(x[i] @ x[j])) for i, j in found)
 
 
-def hold_out_file(texts: Path, heldout: Path, config: AgreementConfig, seed: int) -> tuple[int, int]:
-    """Set the held-out share of the text file ``texts`` aside before anything reads it: ``texts`` is rewritten
-    with the rest (what the teacher encodes and the student trains on), ``heldout`` gets the held-out sentences
-    (removed when none: under 20 sentences). Returns (training sentences, held-out sentences)."""
+def hold_out_file(
+    texts: Path, train: Path, heldout: Path, config: AgreementConfig, seed: int
+) -> tuple[int, int]:
+    """Set the held-out share of the text file ``texts`` aside before anything reads it: ``train`` (``texts``
+    itself, or another file) gets the rest (what the teacher encodes and the student trains on), ``heldout`` the
+    held-out sentences (removed when none: under 20 sentences). Returns (training sentences, held-out ones)."""
     sentences = texts.read_text(encoding="utf-8").splitlines()
-    train, held = hold_out(sentences, config.heldout_share, config.heldout_max, seed)
-    write_sentences(train, texts)
+    kept, held = hold_out(sentences, config.heldout_share, config.heldout_max, seed)
+    write_sentences(kept, train)
     if held:
         write_sentences(held, heldout)
     else:
         heldout.unlink(missing_ok=True)
-    return len(train), len(held)
+    return len(kept), len(held)
+
+
+def agreement_lines(record: TeacherVectors, held: list[str], config: AgreementConfig, seed: int) -> list[str]:
+    """``agreement.tsv``'s lines: pairs among the held-out sentences, each scored by the teacher's cosine of its
+    stored (fp16) vectors; the record's meta says how many."""
+    pairs = agreement_pairs(
+        held, record.lookup(held), config.agreement_neighbours, config.agreement_random, seed
+    )
+    record.meta["agreement"] = {"heldout": len(held), "pairs": len(pairs), "file": AGREEMENT_FILE}
+    return [f"{a}\t{b}\t{score:.6f}\n" for a, b, score in pairs]
 
 
 def agreement_summary(pairs: Sequence[tuple[str, str, float]]) -> dict[str, Any]:

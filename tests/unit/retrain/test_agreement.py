@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
-from sentcl.training.agreement import agreement_pairs, hold_out
+from sentcl.retrain.agreement import agreement_pairs, hold_out
 from tests.paths import ROOT
 
 
