@@ -52,9 +52,15 @@ def _check_retrain_runs(params: dict[str, Any]) -> None:
     overlaid = apply_overrides(params, config.overrides)
     for objective in config.objectives:
         try:
-            TrainConfig.from_sections(recipes.transfer_sections(overlaid, "base", {"objective": objective}))
+            run = TrainConfig.from_sections(
+                recipes.transfer_sections(overlaid, "base", {"objective": objective})
+            )
         except ConfigError as exc:
             raise ParamsError(f"params.yaml: retrain.transfer: {exc}") from None
+        if run.steps < 1:  # a pipeline stage may be left untrained (steps 0); a retrain exists to train
+            raise ParamsError(
+                f"params.yaml: retrain.transfer: steps: at least 1 for a retrain's {objective} run, got 0"
+            )
 
 
 CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (

@@ -65,9 +65,12 @@ def smoke(
     profile: Path, params: Params, model: Path, processed: Path, raw: Path, work: Path
 ) -> dict[str, Any]:
     """Run ``profile``'s training stages for 2 steps on ``model`` (tracking off); their records
-    (``metrics/train/<stage>.json``), by stage."""
+    (``metrics/train/<stage>.json``), by stage. A profile that distils learns from ``model`` itself as the teacher
+    (the teacher stage run on it: a folder is a valid ``teacher.model``)."""
     from sentcl.training.data import TEXT_CHOICES
+    from sentcl.training.recipes import transfer_objective
     from stages import base, joint, pretrain_nli, transfer
+    from stages import teacher as teacher_stage
 
     params = merge(params, load_yaml(Path(profile).read_text()) or {})
     params["model"]["name"] = str(model)
@@ -94,6 +97,12 @@ def smoke(
     base.main(["--params", str(params_file), "--output", str(models / "base")])
     pretrain_nli.main(common)
     joint.main(common)
+    if any(transfer_objective(params, init) == "distill" for init in ("base", "nli", "joint")):
+        teacher_stage.main(
+            ["--params", str(params_file), "--model", str(model), "--output", str(work / "teacher")]
+            + ["--processed", str(processed), "--raw", str(raw)]
+        )
+        common += ["--teacher-vectors", str(work / "teacher")]
     for init in ("base", "nli", "joint"):
         transfer.main([*common, "--init", init, "--raw", str(raw), "--max-texts", "64"])
     return {
