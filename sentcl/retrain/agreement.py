@@ -40,7 +40,7 @@ PARTS = ("selection", "gate")
 # In the teacher stage's output, by part (--heldout PART=FILE): the teacher-scored pairs within that part.
 AGREEMENT_FILES = {part: f"agreement-{part}.tsv" for part in PARTS}
 MIN_TEXT = 20  # nothing is held out of fewer sentences: too few pairs to rank checkpoints by
-MIN_PART = 2  # sentences a part needs for a pair; with fewer the gate gets no part of its own
+MIN_PART = 5  # sentences (keys) each part keeps at least: a few pairs to rank by; with fewer, no gate part
 # method: what trains; transfer: what a retrain's runs train with over params ``transfer:`` (its distill steps);
 # the rest: the held-out share that selects and gates without labels (AgreementConfig)
 RETRAIN_KEYS = (
