@@ -10,10 +10,24 @@ import yaml
 
 from sentcl.params import read_params
 from sentcl.retrain.config import RetrainConfig
-from sentcl.retrain.plan import Step, plan
-from sentcl.retrain.run import run
+from sentcl.retrain.plan import Plan, Step, plan
+from sentcl.retrain.run import Outcome, run
 from tests.paths import ROOT
 from tests.tiny import tiny_sentences, write_tiny_processed
+
+
+def run_as_subprocesses(todo: Plan) -> tuple[Outcome, list[Step], list[str]]:
+    """``run(todo)``, each stage a subprocess with tracking off (as the benchmark runs it); the stages run and
+    the lines said."""
+    ran: list[Step] = []
+    said: list[str] = []
+
+    def runner(step: Step) -> None:
+        ran.append(step)
+        env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
+        subprocess.run(step.command, cwd=ROOT, env=env, check=True, capture_output=True)
+
+    return run(todo, runner, said.append), ran, said
 
 
 def test_a_teacher_no_better_than_the_student_ends_the_retrain_before_any_training(tiny_model, tmp_path):
@@ -39,15 +53,7 @@ def test_a_teacher_no_better_than_the_student_ends_the_retrain_before_any_traini
         processed,
         dev,
     )
-    ran: list[Step] = []
-
-    def runner(step: Step) -> None:
-        ran.append(step)
-        env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-        subprocess.run(step.command, cwd=ROOT, env=env, check=True, capture_output=True)
-
-    said: list[str] = []
-    outcome = run(todo, runner, said.append)
+    outcome, ran, said = run_as_subprocesses(todo)
     assert [s.name for s in ran] == ["teacher"] and outcome.runs == [] and outcome.winner is None
     assert outcome.status == "teacher not better" and outcome.selected_on == "domain_dev"
     assert outcome.heldout is None and outcome.selection_pairs == outcome.gate_pairs == dev  # labelled
@@ -87,15 +93,7 @@ def test_without_dev_pairs_selection_and_the_gate_read_disjoint_parts_of_the_hel
         "r",
         write_tiny_processed(tmp_path / "processed"),
     )
-    ran: list[Step] = []
-
-    def runner(step: Step) -> None:
-        ran.append(step)
-        env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1", PYTHONPATH=str(ROOT))
-        subprocess.run(step.command, cwd=ROOT, env=env, check=True, capture_output=True)
-
-    said: list[str] = []
-    outcome = run(todo, runner, said.append)
+    outcome, ran, said = run_as_subprocesses(todo)
 
     def keys(path):
         return {normalise(s) for s in path.read_text().splitlines()}
