@@ -6,13 +6,16 @@ data/processed/pairs.parquet split by sentence (seeded, sentcl.data.sentence_spl
 random in two halves; the text is one half; the dev pairs are up to 500 scored SICK train/trial pairs with both
 sentences in the text half; the test pairs are SICK's test pairs. Every test score is split by the text each run
 actually trained on (sentcl.evaluation.seen): *seen* pairs (both sentences trained on: a transductive gain),
-*unseen* pairs (neither: what carries to new sentences) and *mixed*, each with its count.
+*unseen* pairs (neither, and no sentence that selection or the gate read: what carries to new sentences),
+*read* pairs (neither trained on, but a sentence of a held-out part, of the dev pairs, of STS-B dev or of SICK-R
+trial) and *mixed*, each with its count; the same sentence by ``sentcl.data.roles.normalise``.
 
 Each method runs twice, as the retrain flow would: *labelled* (``--domain-dev``: selection on the dev pairs,
 STS-B dev a guard) and *label-free* (no dev pairs: a distill method holds out ``retrain.heldout_share`` of the
-text before the teacher stage, never trained on, and selects on the student's agreement with the teacher on
-pairs among those sentences; another method selects on STS-B dev). The table says whether the label-free run
-selected the same step as the labelled one. Each is the retrain flow's own procedure (``sentcl.retrain``: ``plan``
+text before the teacher stage, never trained on, in two parts: it selects on the student's agreement with the
+teacher on pairs within the selection part, and the gate row judges on pairs within the gate part, which
+selection never read; another method selects on STS-B dev). The table says whether the label-free run selected
+the same step as the labelled one. Each is the retrain flow's own procedure (``sentcl.retrain``: ``plan``
 and ``run``), its stages run as subprocesses with tracking off in a scratch folder; ``tsdae+contrastive`` is two
 runs: TSDAE, then the contrastive transfer from its output (the retrain flow's ``retrain.method`` values).
 Several ``--method`` run side by side, each from the same starting model.
@@ -25,7 +28,8 @@ teacher stage encodes the text once per mode; with the dev pairs it scores teach
 It starts from the base model (params ``model.name``) by default; ``--from champion`` downloads the registered
 champion (read only) and ``--from DIR`` takes a model folder. It registers nothing, in no store: the gate's
 decision is the registry's own rule (sentcl.registry.gate_decision, params ``registry:``) applied to the STS-B
-dev and selection-set scores before and after; the retrain flow's gate also checks every STS task.
+dev and gate-set scores after against before (the starting model as champion): the gate set is the dev pairs
+with labels, the held-out gate part's agreement pairs without; the retrain flow's gate also checks SICK-R trial.
 
     make bench-domain BENCH_DOMAIN_ARGS="--method contrastive tsdae tsdae+contrastive --steps 60"
     python -m benchmarks.bench_domain --text FILE_OR_DIR --dev DEV.tsv --test TEST.tsv --from base|champion|DIR
@@ -51,9 +55,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sentcl.data.roles import selection_sets, sentence_keys
 from sentcl.data.sentence_split import draw_dev_pairs, split_sentences
 from sentcl.evaluation.benchmark import Subset
-from sentcl.evaluation.seen import SPLITS, pair_splits, seen_keys, split_scores
+from sentcl.evaluation.seen import READ, SPLITS, pair_splits, seen_keys, split_scores
 from sentcl.evaluation.sts import STSEvaluator, cosine, spearman100
 from sentcl.params import ParamsError
 from sentcl.registry.rules import GateConfig, gate_decision
@@ -133,11 +138,28 @@ def test_subset(test: Pairs) -> Subset:
     )
 
 
-def test_splits(test: Pairs, cosines: np.ndarray, trained: list[str]) -> dict[str, Any]:
-    """Test Spearman x 100 on all pairs and per split (seen / unseen / mixed relative to ``trained``)."""
+def test_splits(
+    test: Pairs, cosines: np.ndarray, trained: list[str], read: frozenset[str] = frozenset()
+) -> dict[str, Any]:
+    """Test Spearman x 100 on all pairs and per split (seen / unseen / mixed relative to ``trained``; read: no
+    trained sentence, one whose key is in ``read``, what selection or the gate read)."""
     subset = test_subset(test)
-    parts = split_scores([subset], [cosines], seen_keys(trained))["tasks"]["test"]
+    parts = split_scores([subset], [cosines], seen_keys(trained), read)["tasks"]["test"]
     return {"all": round(spearman100(cosines, subset.gold), 2), **parts}
+
+
+def read_keys(pair_files: list[Path | None], sentence_files: list[Path], guards: Pairs) -> frozenset[str]:
+    """The keys (``normalise``) of every sentence a run's selection or gate read: its scored pairs (the dev
+    pairs, or the held-out parts' agreement pairs), its held-out sentences, and the dev guards ``guards``
+    (STS-B dev, SICK-R trial)."""
+    pairs = [p for path in pair_files if path is not None for p in read_domain_dev(str(path), "--pairs")]
+    lines = [s for path in sentence_files if path.is_file() for s in read_texts(path)]
+    return sentence_keys([*(s for a, b, _ in [*pairs, *guards] for s in (a, b)), *lines])
+
+
+def guard_pairs(pairs: pd.DataFrame) -> Pairs:
+    """The dev splits selection and the gate read beside a domain's pairs: STS-B dev and SICK-R trial."""
+    return [p for rows in selection_sets(pairs).values() for p in rows]
 
 
 class StageRunner:
@@ -182,9 +204,9 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
 
     add("test, all pairs", [cell(r["before"]["test"]["all"], r["after"]["test"]["all"]) for r in rows])
-    for split in SPLITS:
+    for split in (*SPLITS, READ):
         add(
-            f"test, {split} pairs",
+            f"test, {split} pairs" + (" (by selection or the gate)" if split == READ else ""),
             [
                 cell(
                     r["before"]["test"][split]["spearman"],
@@ -196,13 +218,22 @@ def table(results: dict[str, dict[str, Any]]) -> str:
         )
     add("STS-B dev", [cell(r["before"]["stsb_dev"], r["after"]["stsb_dev"]) for r in rows])
     add("selected on", [r["selected_on"] for r in rows])
-    add("selection set", [cell(r["before"].get("selection"), r["after"].get("selection")) for r in rows])
+    for role in ("selection", "gate"):
+        add(
+            f"{role} set",
+            [
+                cell(r["before"].get(role), r["after"].get(role), r["judged_on"][role]["pairs"])
+                + (f" ({r['judged_on'][role]['part']})" if r["judged_on"][role]["part"] else "")
+                for r in rows
+            ],
+        )
+    add("sentences both sets hold", [f"{r['judged_on']['shared_sentences']:,}" for r in rows])
     add(
         "selected step / steps run",
         ["; ".join(f"{x['objective']} {x['best_step']}/{x['steps']}" for x in r["runs"]) for r in rows],
     )
     add("train wall s", [f"{r['wall_s']:.0f}" for r in rows])
-    add("gate (STS-B dev + selection set rules)", [r["gate"]["decision"] for r in rows])
+    add("gate (STS-B dev + gate set rules)", [r["gate"]["decision"] for r in rows])
     add("same step as labelled", [{None: "", True: "yes", False: "no"}[r.get("same_choice")] for r in rows])
     add(f"seen and unseen +{GOAL_TEST_GAIN}, STS-B dev -{GOAL_STSB_DROP} at most", [goal(r) for r in rows])
     return "\n".join(lines)
@@ -290,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         sets = {"stsb_dev": stsb_dev(pairs), "domain_dev": dev}
+        guards = guard_pairs(pairs)  # every sentence of them is read: no test pair holding one is unseen
         before = score(init, test, sets, backend)
         runner, results, skipped = StageRunner(), {}, {}
         checked: dict[str, Any] | None = None  # the teacher against the starting model on the dev pairs
@@ -302,23 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                 for o in config.objectives
             }
             options = {"--recipe": args.recipe, "--max-texts": args.max_texts or None}
-            for (
-                mode
-            ) in MODES:  # labelled: selection on the dev pairs; label-free: as the nightly run, without
-                dev_pairs = dev_path if mode == "labelled" else None
-                todo = plan(
-                    config,
-                    params,
-                    text_file,
-                    init,
-                    work / mode,
-                    mode,
-                    Path(args.processed),
-                    dev_pairs,
-                    steps,
-                    args.init,
-                    options,
-                )
+            # labelled: selection on the dev pairs; label-free: as the nightly run, without
+            for mode in MODES:
+                where = (text_file, init, work / mode, mode, Path(args.processed))
+                rest = (dev_path if mode == "labelled" else None, steps, args.init, options)
+                todo = plan(config, params, *where, *rest)
                 found = run(todo, runner, lambda line: print(f"bench-domain: {line}", flush=True))
                 teacher_wall = runner.seconds.get(str(todo.work / "teacher"))
                 if found.teacher and "teacher" in found.teacher and checked is None:
@@ -331,13 +351,16 @@ def main(argv: list[str] | None = None) -> int:
                     skipped[method] = found.teacher["nothing_to_distil"]
                     print(f"bench-domain: {method}: skipped, untrained", flush=True)
                     break
-                if found.heldout is not None:
-                    free = {
+                if found.heldout is not None:  # sentences held out, in selection's part and the gate's
+                    held = {
                         "heldout": found.heldout["sentences"],
-                        "selection": found.selected_on,
-                        "teacher_wall_s": teacher_wall,
+                        "selection_part": found.heldout["selection"],
                     }
-                results[f"{method} {mode}"] = measure(todo, found, runner, test, sets, before, backend, gate)
+                    held |= {"gate_part": found.heldout["gate"]}
+                    free = held | {"selection": found.selected_on, "teacher_wall_s": teacher_wall}
+                results[f"{method} {mode}"] = measure(
+                    todo, found, runner, (test, guards), sets, before, backend, gate
+                )
             if method not in skipped:
                 chosen = [[r["best_step"] for r in results[f"{method} {m}"]["runs"]] for m in MODES]
                 results[f"{method} label-free"]["same_choice"] = chosen[0] == chosen[1]
@@ -364,52 +387,67 @@ def measure(
     todo: Plan,
     found: Outcome,
     runner: StageRunner,
-    test: Pairs,
+    test: tuple[Pairs, Pairs],
     sets: dict[str, Pairs],
     before: dict[str, Any],
     backend: str,
     gate: GateConfig,
 ) -> dict[str, Any]:
-    """A retrain's model scored against the starting model's ``before``: ``outcome`` of the two."""
+    """A retrain's model scored against the starting model's ``before``: ``outcome`` of the two. ``test``: the
+    test pairs and the dev guards (STS-B dev, SICK-R trial), whose sentences are read, never unseen."""
+    pairs, guards = test
     trained = sorted({s for r in found.runs for s in read_seen(seen_file(r["stage"], todo.work / "metrics"))})
-    if found.pairs is not None and found.selected_on == "teacher_agreement":  # the agreement pairs too
-        agreement = {"teacher_agreement": read_domain_dev(str(found.pairs), "--agreement")}
-        scored = score(todo.init, [], agreement, backend)["teacher_agreement"]
-        sets, before = {**sets, **agreement}, {**before, "teacher_agreement": scored}
-    after = score(found.runs[-1]["output"], test, sets, backend)
+    files = [found.selection_pairs, found.gate_pairs]
+    held = list(todo.heldout_files.values()) if todo.hold_out else []
+    read = read_keys(files, held, guards)
+    # Label-free, with a teacher: the agreement pairs within each held-out part (selection's, the gate's).
+    agreement = {
+        role: read_domain_dev(str(path), "--agreement")
+        for role, path in zip(("selection", "gate"), files, strict=True)
+        if path is not None and found.selected_on == "teacher_agreement"
+    }
+    if agreement:
+        scored = score(todo.init, [], agreement, backend)
+        sets, before = {**sets, **agreement}, {**before, **{role: scored[role] for role in agreement}}
+    after = score(found.runs[-1]["output"], pairs, sets, backend)
     wall = sum(runner.seconds[r["output"]] for r in found.runs)
-    return outcome(before, after, found.selected_on, (test, trained), found.runs, wall, gate)
+    result = outcome(before, after, found, (pairs, trained, read), wall, gate)
+    return result | {"judged_on": found.judged_on()}
 
 
 def outcome(
     before: dict[str, Any],
     after: dict[str, Any],
-    selection: str,
-    test: tuple[Pairs, list[str]],
-    runs: list[dict[str, Any]],
+    found: Outcome,
+    test: tuple[Pairs, list[str], frozenset[str]],
     wall: float,
     gate: GateConfig,
 ) -> dict[str, Any]:
-    """One run's before and after: the test split by what it trained on, STS-B dev, its selection set (what the
-    gate compares beside STS-B dev, as the flow's gate does)."""
-    pairs, trained = test
+    """One run's before and after: the test split by what it trained on and what its selection and gate read,
+    STS-B dev, its selection set and its gate set (what the gate compares beside STS-B dev, as the flow's gate
+    does: the dev pairs with labels, the held-out gate part's agreement pairs without)."""
+    pairs, trained, read = test
+    # Where each role's domain scores are (None: no domain pairs of its own).
+    own = {"domain_dev": "domain_dev", "teacher_agreement": "selection"}.get(found.selected_on)
+    gate_key = "gate" if found.selected_on == "teacher_agreement" else "domain_dev"
+    keys = {"selection": own, "gate": gate_key if found.gate_pairs else None}
 
     def view(scores: dict[str, Any]) -> dict[str, Any]:
         row = {
-            "test": test_splits(pairs, scores["test_cosines"], trained),
+            "test": test_splits(pairs, scores["test_cosines"], trained, read),
             "stsb_dev": scores["stsb_dev"],
         }
-        return row | ({"selection": scores[selection]} if selection != "stsb_dev" else {})
+        return row | {role: scores[key] for role, key in keys.items() if key is not None}
 
     b, a = view(before), view(after)
     promote, reasons = gate_decision(
-        (a["stsb_dev"], {}, a.get("selection")), (b["stsb_dev"], {}, b.get("selection")), gate
+        (a["stsb_dev"], {}, a.get("gate")), (b["stsb_dev"], {}, b.get("gate")), gate
     )
     return {
         "before": b,
         "after": a,
-        "selected_on": selection,
-        "runs": runs,
+        "selected_on": found.selected_on,
+        "runs": found.runs,
         "wall_s": round(wall, 1),
         "gate": {"decision": "would promote" if promote else "would reject", "reasons": reasons},
     }

@@ -1,22 +1,27 @@
-"""The nightly path, end to end: the retrain flow on a SICK sentence split, from an empty registry.
+"""The nightly path, end to end: the retrain flow on a SICK sentence split, against a registered champion.
 
 What a team's nightly inbox run does, measured on data with held-out labels: SICK-R's sentences are split in
 two halves by sentence (seeded, the same split as ``make bench-domain``); the text half is dropped in an inbox
 of the run's own and ``python -m flows.retrain`` runs on it as the nightly deployment runs it: **without**
-``--domain-dev`` (label-free: a held-out share of the text, the teacher's agreement on pairs among it selects and
-gates) and, with ``--with-dev``, a second time **with** it (up to 500 scored SICK train/trial pairs inside the text
-half), each in its own empty MLflow store (a sqlite file in the work folder), so the first registered version
-becomes champion through the gate. Then the champion each run left is downloaded (its files checked) and scored
-beside the base model on SICK's test pairs, split by what the run trained on (seen / unseen / mixed, each
-counted), and on STS-B dev. The test pairs are read once per run, after it finished.
+``--domain-dev`` (label-free: a held-out share of the text in two parts, the teacher's agreement on pairs within
+one part selects, on pairs within the other the gate judges) and, with ``--with-dev``, a second time **with** it
+(up to 500 scored SICK train/trial pairs inside the text half), each in its own MLflow store (a sqlite file in the
+work folder). Before the retrain, the starting model (params ``model.name``) is registered there and becomes
+champion (the evaluate and export stages, as ``make run`` registers its base model), so the retrain starts from
+the champion and its gate compares the retrained candidate with it. Then the champion each run left is
+downloaded (its files checked) and scored beside the base model on SICK's test pairs, split by what the run
+trained on and read (seen / unseen / mixed / read: a test pair none of whose sentences was trained on but one of
+which selection or the gate read, a held-out sentence or one of STS-B dev, SICK-R trial or the dev pairs, is not
+unseen; each counted), and on STS-B dev. The test pairs are read once per run, after it finished.
 
     python -m benchmarks.bench_nightly [--with-dev] [--work DIR] [--json FILE]
     python -m benchmarks.bench_nightly --mode labelled --work DIR       # one of the two runs
     python -m benchmarks.bench_nightly --collect-only --work DIR --with-dev  # score what the runs left
 
-Ends with one line per run: promoted or not, the gains on seen, unseen and mixed pairs, STS-B dev's change and the
-flow's wall time, against the goal (seen and unseen +2.0, STS-B dev down by 0.5 at most; with ``--domain-dev``
-unseen +2.5).
+Ends with two lines per run: the gate's verdict against the champion and the pairs it judged on (and those
+selection read), then the gains on seen, unseen, mixed and read pairs, STS-B dev's change and the flow's wall
+time, against the goal (the retrained model promoted; seen and unseen +2.0, STS-B dev down by 0.5 at most; with
+``--domain-dev`` unseen +2.5).
 """
 
 from __future__ import annotations
@@ -31,22 +36,56 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.bench_domain import score, sick_split, test_splits, write_text, write_tsv
+from benchmarks.bench_domain import (
+    guard_pairs,
+    read_keys,
+    score,
+    sick_split,
+    test_splits,
+    write_text,
+    write_tsv,
+)
+from sentcl.evaluation.seen import READ, SPLITS
 from sentcl.params import Params
+from sentcl.retrain.run import judged_on_line
 from sentcl.training.data import read_seen, stsb_dev
-from stages.common import PROCESSED, ROOT, load_params, offline_hub, params_arguments
+from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub, params_arguments
 from stages.training import load_pairs
 
 GOALS = {"label-free": 2.0, "labelled": 2.5}  # unseen-pair gain; seen +2.0 and STS-B dev -0.5 for both
-SPLITS = ("seen", "unseen", "mixed")
+
+
+def register_starting_model(
+    params: Params, folder: Path, env: dict[str, str], raw: Path = RAW, processed: Path = PROCESSED
+) -> dict[str, Any]:
+    """Params ``model.name`` registered in the store of ``env`` and made champion, as ``make run`` registers its
+    base model: the evaluate stage scores it (on ``raw``), the export stage registers it and runs the gate (on
+    ``processed``'s dev splits), which promotes the first version of an empty registry. Returns the export
+    stage's summary (version, the gate's verdict); a starting model not made champion stops here."""
+    from sentcl.model.encoder import resolve_model_path
+
+    model, out = f"base={resolve_model_path(params['model']['name'])}", folder / "starting-model"
+    evaluate = {"--model": model, "--output": out / "sts.json", "--no-progress": True, "--data": raw}
+    export = {"--sts": out / "sts.json", "--model": model, "--output": out / "export", "--data": raw}
+    export |= {"--summary": out / "export.json", "--train-metrics": out / "train", "--processed": processed}
+    for stage, flags in (("stages.evaluate", evaluate), ("stages.export", export)):
+        if subprocess.run(params.command(stage, flags), cwd=ROOT, env=env).returncode:
+            raise SystemExit(
+                f"bench-nightly: registering the starting model: {stage} failed; its log is above"
+            )
+    summary = json.loads((out / "export.json").read_text())
+    if (summary.get("gate") or {}).get("decision") != "promoted":
+        raise SystemExit(f"bench-nightly: the starting model did not become champion: {summary.get('gate')}")
+    return summary
 
 
 def run_flow(
     params: Params, mode: str, sentences: list[str], dev: Path | None, work: Path, collect_only: bool
 ) -> dict[str, Any]:
     """``python -m flows.retrain`` on ``sentences``, dropped in an inbox of the run's own (the flow archives what
-    it read), against an empty store of its own; the champion it leaves (downloaded, files checked) and what it
-    trained on. ``collect_only``: the flow ran in ``work`` already; only read what it left."""
+    it read), against a store of its own where the starting model is registered champion first; the champion it
+    leaves (downloaded, files checked), what it trained on, the files selection and the gate read, the gate's
+    verdict. ``collect_only``: the flow ran in ``work`` already; only read what it left."""
     folder = work / mode
     text = folder / "inbox" / "domain.txt"
     env = dict(
@@ -63,6 +102,12 @@ def run_flow(
             raise SystemExit(
                 f"bench-nightly: {folder} exists: give a fresh --work, or --collect-only to score it"
             )
+        start = register_starting_model(params, folder, env)
+        print(
+            f"bench-nightly: {mode}: the starting model {params['model']['name']} is champion version "
+            f"{start['registered_version']} (stsb_dev {start['stsb_dev']:.2f}); the retrain starts from it",
+            flush=True,
+        )
         write_text(sentences, text)
         print(f"bench-nightly: {mode}: {' '.join(cmd[1:])}", flush=True)
         started = time.perf_counter()
@@ -75,6 +120,10 @@ def run_flow(
     records = sorted((folder / "work" / "metrics" / "train").glob("*.json"))
     train = [json.loads(p.read_text()) for p in records]
     trained = sorted({s for p in records for s in read_seen(p.parent.parent / "seen" / f"{p.stem}.txt")})
+    summary = json.loads((folder / "work" / "retrain.json").read_text())  # the flow's, in its kept folder
+    judged = summary.get("judged_on") or {}
+    files = [Path(judged[role]["file"]) if judged[role]["file"] else None for role in ("selection", "gate")]
+    held = [folder / "work" / f"heldout-{part}.txt" for part in ("selection", "gate")]
     os.environ["MLFLOW_TRACKING_URI"] = env["MLFLOW_TRACKING_URI"]
     from sentcl_mlflow.errors import NoChampionError
     from sentcl_mlflow.registry.download import download_alias
@@ -88,8 +137,12 @@ def run_flow(
     return {
         "champion": champion,
         "trained": trained,
+        "read": (files, held),
         "flow_wall_s": wall,
         "runs": [{k: r.get(k) for k in ("best_step", "steps", "selected_on", "beat_init")} for r in train],
+        "gate": summary.get("gate"),
+        "judged_on": judged,
+        "heldout": summary.get("heldout"),
     }
 
 
@@ -125,27 +178,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     chosen = args.mode or ["label-free", *(["labelled"] if args.with_dev else [])]
     backend = params["evaluate"]["backend"]
-    sets = {"stsb_dev": stsb_dev(pairs)}
+    sets, guards = {"stsb_dev": stsb_dev(pairs)}, guard_pairs(pairs)
     before = score(params["model"]["name"], test, sets, backend)
     results: dict[str, Any] = {}
     for mode in chosen:
         run = run_flow(
             params, mode, text_half, dev_file if mode == "labelled" else None, work, args.collect_only
         )
-        if not run["champion"]:
-            print(
-                f"bench-nightly: {mode}: the flow left no champion (nothing registered or promoted)",
-                flush=True,
-            )
-        after = score(run["champion"], test, sets, backend) if run["champion"] else before
-        b, a = (test_splits(test, s["test_cosines"], run["trained"]) for s in (before, after))
+        promoted = (run["gate"] or {}).get("decision") == "promoted"  # the retrained model, over the champion
+        # Not promoted: the champion is still the starting model, scored already.
+        after = score(run["champion"], test, sets, backend) if promoted else before
+        read = read_keys(*run["read"], guards)  # what selection and the gate read: never unseen
+        b, a = (test_splits(test, s["test_cosines"], run["trained"], read) for s in (before, after))
         gains = {
-            s: round(a[s]["spearman"] - b[s]["spearman"], 2) for s in SPLITS if a[s]["spearman"] is not None
+            s: round(a[s]["spearman"] - b[s]["spearman"], 2)
+            for s in (*SPLITS, READ)
+            if a[s]["spearman"] is not None
         }
-        row = {**{k: v for k, v in run.items() if k != "trained"}, "trained_sentences": len(run["trained"])}
+        row = {k: v for k, v in run.items() if k not in ("trained", "read")}
+        row |= {"trained_sentences": len(run["trained"]), "read_sentences": len(read)}
         row |= {"before": b, "after": a, "gains": gains, "stsb_dev": [before["stsb_dev"], after["stsb_dev"]]}
         row["goal"] = bool(
-            run["champion"]
+            promoted
             and gains.get("seen", 0) >= 2.0
             and gains.get("unseen", 0) >= GOALS[mode]
             and after["stsb_dev"] - before["stsb_dev"] >= -0.5
@@ -157,8 +211,20 @@ def main(argv: list[str] | None = None) -> int:
             json.dumps({"work": str(work), "load": load, "runs": results}, indent=2) + "\n"
         )
     for mode, r in results.items():
+        gate = r["gate"] or {}
         print(
-            f"bench-nightly: {mode}: {'promoted a champion' if r['champion'] else 'no champion'}; "
+            f"bench-nightly: {mode}: gate {gate.get('decision', 'not run')} against the registered champion "
+            f"(champion now version {gate.get('champion_after')}); "
+            + (judged_on_line(r["judged_on"]) if r["judged_on"] else "")
+        )
+        counts = ", ".join(f"{r['after'][s]['pairs']:,} {s}" for s in (*SPLITS, READ))
+        print(
+            f"bench-nightly: {mode}: test pairs {counts} ({READ}: no sentence trained on, one read by selection "
+            f"or the gate, of {r['read_sentences']:,} read sentences)"
+        )
+        kept = "promoted the retrained model" if gate.get("decision") == "promoted" else "kept the champion"
+        print(
+            f"bench-nightly: {mode}: {kept}; "
             + ", ".join(f"{s} {g:+.2f} ({r['after'][s]['pairs']:,} pairs)" for s, g in r["gains"].items())
             + f"; STS-B dev {r['stsb_dev'][0]:.2f} -> {r['stsb_dev'][1]:.2f}; whole flow "
             + (

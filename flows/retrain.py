@@ -142,10 +142,11 @@ def retrain(
 def register_and_gate(
     todo: Plan, outcome: Outcome, init: dict, runner: Runner, tags: dict, raw: Path
 ) -> dict:
-    """Evaluate the candidates, export the better and gate it on STS-B dev and the pairs selection read."""
+    """Evaluate the candidates, export the better and gate it on STS-B dev, SICK-R trial and the gate's domain
+    pairs: the domain dev pairs, or without them the held-out gate part's, which selection never read."""
     models = score_candidates(todo, outcome, init, raw, runner)
     champion = f"champion={init['version']}" if init["version"] else None
-    step = todo.export_step(models, champion, tags, raw, outcome.pairs)
+    step = todo.export_step(models, champion, tags, raw, outcome.gate_pairs)
     with common.promotion_slot():  # one gate at a time on this Prefect server; the stage adds its file lock
         runner(step)
     return json.loads(step.record.read_text())
@@ -158,7 +159,8 @@ def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: b
     if files is not None:
         say(f"archived {len(files)} file(s) to {inbox() / 'processed' / date}")
     shutil.rmtree(work / "checkpoints" if keep else work, ignore_errors=True)
-    if keep:
+    if keep:  # the run's summary beside its files: what selection and the gate read, the gate's verdict
+        (work / "retrain.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
         say(f"work folder kept: {work}")
     else:
         result["work_dir"] = None

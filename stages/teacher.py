@@ -12,7 +12,9 @@ teacher's own STS scores are ``python -m benchmarks.teacher_ceiling``'s): ``sent
 A retrain (flows/retrain.py, benchmarks/bench_domain.py) adds ``--domain-dev PAIRS``: the pairs' sentences are
 encoded too and ``teacher.json`` records the teacher's Spearman x 100 on them (``domain_dev``), from the stored fp16
 vectors the transfer learns from; ``--student MODEL`` adds the starting model's, encoded the same way, so the
-two numbers differ only by the model.
+two numbers differ only by the model. A label-free retrain adds ``--heldout FILE --heldout-gate FILE``: the two
+parts of its held-out sentences (selection's, the gate's), encoded too, and ``agreement-selection.tsv`` and
+``agreement-gate.tsv``, pairs built within each part only (``sentcl.retrain.agreement``).
 
 Bad input (a missing package, a hash that does not match, a folder that does not load): one line, exit 2, and
 data/teacher untouched.
@@ -28,7 +30,7 @@ from typing import Any
 
 from sentcl.model import teacher as T
 from sentcl.params import ParamsError
-from sentcl.retrain.agreement import AGREEMENT_FILE, AgreementConfig, agreement_lines
+from sentcl.retrain.agreement import AGREEMENT_FILES, AgreementConfig, agreement_lines
 from sentcl.training import teacher_run as R
 from stages.common import DATA, RAW, ROOT, fail, load_params, offline_hub, params_arguments
 from stages.training import load_nli, load_pairs
@@ -61,15 +63,16 @@ def run(
     processed: Path,
     domain_dev: Path | None = None,
     student: str | None = None,
-    heldout: Path | None = None,
+    heldout: dict[str, Path] | None = None,
 ) -> dict[str, Any]:
     """The record of ``model`` (default ``teacher.model``) -> ``output``; its meta. Bad input: ``TeacherError``.
-    With ``heldout`` (a domain text's held-out share, never trained on), also ``output/agreement.tsv``: pairs
-    among those sentences scored by the teacher (``sentcl.retrain.agreement``), the label-free dev set."""
+    With ``heldout`` (a domain text's held-out sentences by part, ``selection`` and ``gate``; never trained on),
+    also ``output/agreement-<part>.tsv`` for each part: pairs among that part's sentences scored by the teacher
+    (``sentcl.retrain.agreement``), the label-free dev sets of selection and of the gate."""
     settings = T.TeacherConfig.from_params(params)
     pairs = R.read_dev_pairs(domain_dev)
-    held = R.read_heldout(heldout)
-    agreement = AgreementConfig.from_params(params) if heldout else None
+    held = {part: R.read_heldout(path) for part, path in (heldout or {}).items()}
+    agreement = AgreementConfig.from_params(params) if held else None
     model = model or settings.model
     if model == "none":
         R.write_record(R.none_record(), output)
@@ -80,12 +83,14 @@ def run(
         folder = teacher_folder(model, settings, Path(scratch))
         encoder = R.open_encoder(folder, settings.backend, settings.max_tokens)
         tables = load_pairs(processed), load_nli(processed)
-        sentences = R.sentences_to_encode(params, texts, raw, *tables, [*R.pair_sentences(pairs), *held], log)
+        extra = [*R.pair_sentences(pairs), *(s for part in held.values() for s in part)]
+        sentences = R.sentences_to_encode(params, texts, raw, *tables, extra, log)
         record = R.encode(encoder, sentences, model, folder, settings, pairs, student)
     files = {}
-    if agreement is not None:
-        files[AGREEMENT_FILE] = "".join(agreement_lines(record, held, agreement, params["seed"]))
-        log.info("teacher: %d held-out sentences -> %s", len(held), record.meta["agreement"])
+    for part, sentences in held.items():
+        lines = agreement_lines(record, sentences, agreement, params["seed"], part)
+        files[AGREEMENT_FILES[part]] = "".join(lines)
+        log.info("teacher: held-out %s part -> %s", part, record.meta["agreement"][part])
     R.write_record(record, output, files)
     for line in R.summary_lines(record):
         log.info(line)
@@ -109,11 +114,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--heldout",
         type=Path,
-        help="held-out sentences of the domain text, one a line: encode them and write agreement.tsv",
+        help="selection's part of a domain text's held-out sentences: encode them, write agreement-selection.tsv",
+    )
+    parser.add_argument(
+        "--heldout-gate",
+        type=Path,
+        help="the gate's part of the held-out sentences: encode them, write agreement-gate.tsv",
     )
     args = parser.parse_args(argv)
     if args.student and not args.domain_dev:
         fail("teacher: --student is scored on --domain-dev pairs; give them too")
+    heldout = {
+        part: path for part, path in (("selection", args.heldout), ("gate", args.heldout_gate)) if path
+    }
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     offline_hub()
     params = load_params(args.params, args.overrides)
@@ -127,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             args.processed,
             args.domain_dev,
             args.student,
-            args.heldout,
+            heldout,
         )
     except (T.TeacherError, ParamsError) as exc:
         fail(str(exc))

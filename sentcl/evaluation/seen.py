@@ -24,6 +24,9 @@ from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.sts import spearman100
 
 SPLITS = ("seen", "unseen", "mixed")
+# A pair of no trained sentence, one of whose sentences a run's selection or gate read (a retrain's held-out
+# sentences, a dev split): not unseen, whatever it trained on (``read`` of ``pair_splits``).
+READ = "read"
 MIN_PAIRS = 30  # a split with fewer pairs gets its count, not a score: a Spearman of so few pairs is noise
 # In a checkpoint's seen_split: the base model's averages over the very same seen / unseen / mixed pairs.
 BASE_SAME_PAIRS = "base_same_pairs"
@@ -40,12 +43,21 @@ def seen_keys(texts: Iterable[str]) -> frozenset[str]:
     return sentence_keys(texts)
 
 
-def pair_splits(subset: Subset, seen: frozenset[str]) -> np.ndarray:
-    """Each pair's split: ``seen`` (both sentences in ``seen``), ``unseen`` (neither) or ``mixed``."""
-    first = np.array([normalise(s) in seen for s in subset.sentences1], dtype=bool)
-    second = np.array([normalise(s) in seen for s in subset.sentences2], dtype=bool)
-    both, either = first & second, first | second
-    return np.where(both, "seen", np.where(either, "mixed", "unseen"))
+def pair_splits(subset: Subset, seen: frozenset[str], read: frozenset[str] = frozenset()) -> np.ndarray:
+    """Each pair's split: ``seen`` (both sentences in ``seen``), ``unseen`` (neither, and neither in ``read``:
+    the keys of every sentence selection or a gate read), ``READ`` (neither in ``seen``, one in ``read``) or
+    ``mixed`` (one in ``seen``)."""
+
+    def holds(keys: frozenset[str]) -> np.ndarray:
+        return np.array(
+            [[normalise(s) in keys for s in side] for side in (subset.sentences1, subset.sentences2)],
+            dtype=bool,
+        ).reshape(2, -1)
+
+    trained, selected = holds(seen), holds(read)
+    both, either = trained[0] & trained[1], trained[0] | trained[1]
+    untrained = np.where(selected[0] | selected[1], READ, "unseen")
+    return np.where(both, "seen", np.where(either, "mixed", untrained))
 
 
 def _score(cosines: np.ndarray, gold: np.ndarray) -> dict[str, Any]:
@@ -57,24 +69,26 @@ def split_scores(
     subsets: Sequence[Subset],
     cosines: Sequence[np.ndarray],
     seen: frozenset[str],
+    read: frozenset[str] | None = None,
 ) -> dict[str, Any]:
     """``{"tasks": {task: {split: {pairs, spearman}}}, "avg": {split: {spearman, tasks, pairs}}}``.
 
     Per task, the pairs of its subsets concatenated (protocol "all"); ``spearman`` is None below ``MIN_PAIRS``.
     ``avg``: the mean over the tasks that have a score for the split (``tasks`` says how many), and the
-    split's pairs over all tasks."""
+    split's pairs over all tasks. With ``read`` (see ``pair_splits``) there is a fourth split, ``READ``."""
+    splits = SPLITS if read is None else (*SPLITS, READ)
     by_task: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
     for subset, sim in zip(subsets, cosines, strict=True):
-        labels = pair_splits(subset, seen)
+        labels = pair_splits(subset, seen, read or frozenset())
         by_task.setdefault(subset.task, []).append((np.asarray(sim, dtype=np.float64), subset.gold, labels))
     tasks: dict[str, dict[str, Any]] = {}
     for task, parts in by_task.items():
         sims = np.concatenate([p[0] for p in parts])
         gold = np.concatenate([p[1] for p in parts])
         labels = np.concatenate([p[2] for p in parts])
-        tasks[task] = {split: _score(sims[labels == split], gold[labels == split]) for split in SPLITS}
+        tasks[task] = {split: _score(sims[labels == split], gold[labels == split]) for split in splits}
     avg = {}
-    for split in SPLITS:
+    for split in splits:
         scores = [row[split]["spearman"] for row in tasks.values() if row[split]["spearman"] is not None]
         avg[split] = {
             "spearman": float(np.mean(scores)) if scores else None,

@@ -1,24 +1,26 @@
 """What a retrain will do, decided before anything runs: its runs (one transfer per objective of the method, each
 from the previous one's output), the selection data (the domain's scored dev pairs; without them, for a method
-that distils, the teacher's agreement pairs among a held-out share of the text; else STS-B dev) and the teacher
-check (with dev pairs, the teacher must beat the student on them by ``registry.min_delta``).
+that distils, the teacher's agreement pairs among the selection part of a held-out share of the text, the gate
+judging on the other part; else STS-B dev) and the teacher check (with dev pairs, the teacher must beat the
+student on them by ``registry.min_delta``).
 
 Every stage of the plan is a command line built by ``Params.command`` from the retrain's params: the process's
 params.yaml and overrides with ``retrain.transfer`` over ``transfer:``. Files go under ``work``: ``texts.txt``
-(what trains, when a share is held out), ``heldout.txt``, ``teacher/``, ``models/<stage>``, ``metrics/``,
-``checkpoints/``.
+(what trains, when a share is held out), ``heldout-selection.txt`` and ``heldout-gate.txt`` (the held-out share's
+two parts), ``teacher/`` (with ``agreement-selection.tsv`` and ``agreement-gate.tsv``), ``models/<stage>``,
+``metrics/``, ``checkpoints/``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sentcl.params import Params
 from sentcl.registry.rules import GateConfig
-from sentcl.retrain.agreement import AGREEMENT_FILE, AgreementConfig
+from sentcl.retrain.agreement import AGREEMENT_FILES, PARTS, AgreementConfig
 from sentcl.retrain.config import RetrainConfig
 
 
@@ -55,7 +57,7 @@ class Plan:
 
     @property
     def hold_out(self) -> bool:
-        """No scored pairs and a teacher: a share of the text is held out to select and gate on."""
+        """No scored pairs and a teacher: a share of the text is held out, one part to select on, one to gate on."""
         return self.teacher is not None and self.domain_dev is None
 
     @property
@@ -71,21 +73,26 @@ class Plan:
         return self.work / "texts.txt" if self.hold_out else self.text
 
     @property
-    def heldout_file(self) -> Path:
-        return self.work / "heldout.txt"
+    def heldout_files(self) -> dict[str, Path]:
+        """The held-out sentences' two parts, by who reads their pairs: ``selection`` and ``gate``."""
+        return {part: self.work / f"heldout-{part}.txt" for part in PARTS}
 
-    def teacher_step(self, heldout: bool) -> Step:
+    def teacher_step(self, parts: Sequence[str] = ()) -> Step:
         """The teacher stage on the training text into ``work/teacher``: with dev pairs, teacher and student
-        (the init) scored on them; with held-out sentences, the agreement pairs among them."""
+        (the init) scored on them; with held-out ``parts``, the agreement pairs within each part."""
         output = self.work / "teacher"
         flags = {"--model": self.teacher, "--texts": self.training_text, "--output": output}
         flags |= {"--processed": self.processed, "--domain-dev": self.domain_dev}
         flags |= {"--student": self.init if self.domain_dev else None}
-        flags |= {"--heldout": self.heldout_file if heldout else None}
+        flags |= {
+            "--heldout": self.heldout_files["selection"] if "selection" in parts else None,
+            "--heldout-gate": self.heldout_files["gate"] if "gate" in parts else None,
+        }
         return Step("teacher", self.params.command("stages.teacher", flags), output / "teacher.json", output)
 
-    def agreement_file(self) -> Path:
-        return self.work / "teacher" / AGREEMENT_FILE
+    def agreement_file(self, part: str = "selection") -> Path:
+        """The teacher's agreement pairs within the held-out ``part`` (``selection`` or ``gate``)."""
+        return self.work / "teacher" / AGREEMENT_FILES[part]
 
     def transfer_step(self, index: int, init: str, agreement: Path | None) -> Step:
         """The ``index``-th run (its objective) from ``init``, selecting on the dev pairs or ``agreement``."""
@@ -124,8 +131,9 @@ class Plan:
         dev: Path | None,
     ) -> Step:
         """The export stage: the better of ``models`` (scored in ``work/candidates.json``) registered, and the gate
-        run on STS-B dev and ``dev`` (the pairs selection read). ``champion``: NAME=VERSION, the candidate that
-        holds the champion's weights. Static int8 calibrates on what the runs trained on."""
+        run on STS-B dev, SICK-R trial and ``dev`` (the gate's domain pairs: the domain dev pairs, or the
+        agreement pairs of the held-out gate part, which selection never read). ``champion``: NAME=VERSION, the
+        candidate that holds the champion's weights. Static int8 calibrates on what the runs trained on."""
         output = self.work / "export.json"
         flags = {
             "--sts": self.work / "candidates.json",

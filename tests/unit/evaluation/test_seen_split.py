@@ -78,6 +78,23 @@ def test_split_counts_and_scores_on_hand_built_pairs():
     assert result["avg"]["mixed"] == {"spearman": None, "tasks": 0, "pairs": 5}
 
 
+def test_an_untrained_pair_with_a_sentence_selection_or_the_gate_read_is_not_unseen():
+    """``read``: the keys of what a run's selection or gate read (a held-out part, dev pairs). A pair of no trained
+    sentence that holds one is ``read``, not unseen, also when it differs in case and punctuation; a pair with a
+    trained sentence stays mixed or seen whatever it read."""
+    s = _sentences(12)
+    first = (s[0], s[2], s[4], s[6], s[8])
+    second = (s[1], s[3], s[5], s[7], s[9])
+    subset = Subset("SICK-R", "test", first, second, np.arange(5.0))
+    trained = seen_keys([s[0], s[1], s[2]])
+    read = seen_keys([s[3].upper() + " .", s[4], s[5], s[7], s[11]])
+    labels = list(pair_splits(subset, trained, read))
+    assert labels == ["seen", "mixed", "read", "read", "unseen"]
+    assert list(pair_splits(subset, trained)) == ["seen", "mixed", "unseen", "unseen", "unseen"]
+    counts = split_scores([subset], [np.arange(5.0)], trained, read)["tasks"]["SICK-R"]
+    assert {k: v["pairs"] for k, v in counts.items()} == {"seen": 1, "unseen": 1, "mixed": 1, "read": 2}
+
+
 def _pairs_table(rows: list[tuple[str, str, str, str, float]]) -> pd.DataFrame:
     frame = pd.DataFrame(rows, columns=["task", "split", "sentence1", "sentence2", "score"])
     frame["subset"], frame["source"], frame["line"] = frame["split"], "hand", range(1, len(frame) + 1)

@@ -57,6 +57,7 @@ def test_retrain_config_is_read_once_from_retrain_and_a_bad_value_names_its_key(
     )
     assert config.teacher == params["teacher"]["model"]  # the default method distils
     assert config.agreement.heldout_share == params["retrain"]["heldout_share"]
+    assert config.agreement.gate_share == params["retrain"]["gate_share"]
     assert config.overrides == ("transfer.distillation.steps=600",)
     assert RetrainConfig.from_params(params, "tsdae+contrastive").objectives == ("tsdae", "contrastive")
     assert RetrainConfig.from_params(params, "tsdae").teacher is None
@@ -64,6 +65,8 @@ def test_retrain_config_is_read_once_from_retrain_and_a_bad_value_names_its_key(
         ({"method": "tsdae+magic"}, "retrain.method 'tsdae+magic' is not one of"),
         ({"heldout_share": 1.5}, "retrain.heldout_share must be below 1"),
         ({"heldout_max": 3}, "retrain.heldout_max must be a whole number >= 20"),
+        ({"gate_share": 1.0}, "retrain.gate_share must be below 1"),
+        ({"gate_share": 0}, "retrain.gate_share"),
         ({"transfer": [1]}, "retrain.transfer must be a mapping over transfer:"),
         ({"steps": 3}, "unknown key 'steps' in section 'retrain'"),
     ):

@@ -46,14 +46,14 @@ def test_a_labelled_distill_retrain_checks_the_teacher_and_selects_on_the_dev_pa
         ("distill", "contrastive"), "domain_dev", False, params["teacher"]["model"],
     )  # fmt: skip
     assert todo.seed == 7 and todo.training_text == tmp_path / "texts.txt"
-    teacher = todo.teacher_step(heldout=False)
+    teacher = todo.teacher_step()
     assert teacher.command[:3] == [sys.executable, "-m", "stages.teacher"]
     got = flags(teacher.command)
     # the same file and overrides as this process, then the retrain's own overlay over transfer
     assert got["--params"] == [str(params.file)]
     assert got["--set"] == ["seed=7", "transfer.distillation.steps=600"]
     assert got["--domain-dev"] == [str(tmp_path / "dev.tsv")] and got["--student"] == ["/m/init"]
-    assert "--heldout" not in got and "--processed" not in got
+    assert "--heldout" not in got and "--heldout-gate" not in got and "--processed" not in got
     assert teacher.record == tmp_path / "w" / "teacher" / "teacher.json"
     first = todo.transfer_step(0, "/m/init", None)
     second = todo.transfer_step(1, str(first.output), None)
@@ -74,11 +74,24 @@ def test_without_dev_pairs_a_distill_retrain_holds_out_a_share_and_selects_on_ag
     )
     assert (todo.hold_out, todo.selection) == (True, "teacher_agreement")
     assert todo.training_text == tmp_path / "texts.txt" != todo.text  # the rest of the text, written by run
-    got = flags(todo.teacher_step(heldout=True).command)
-    assert got["--heldout"] == [str(tmp_path / "heldout.txt")] and "--domain-dev" not in got
+    # Two parts of the held-out share, each its own file and its own agreement pairs.
+    assert todo.heldout_files == {
+        "selection": tmp_path / "heldout-selection.txt",
+        "gate": tmp_path / "heldout-gate.txt",
+    }
+    got = flags(todo.teacher_step(("selection", "gate")).command)
+    assert got["--heldout"] == [str(tmp_path / "heldout-selection.txt")] and "--domain-dev" not in got
+    assert got["--heldout-gate"] == [str(tmp_path / "heldout-gate.txt")]
     assert got["--processed"] == [str(tmp_path / "data")] and got["--texts"] == [str(tmp_path / "texts.txt")]
-    got = flags(todo.transfer_step(0, "/m", todo.agreement_file()).command)
-    assert got["--agreement"] == [str(tmp_path / "teacher" / "agreement.tsv")] and got["--steps"] == ["4"]
+    assert "--heldout-gate" not in flags(todo.teacher_step(("selection",)).command)
+    # Selection reads the selection part's pairs; the gate (the export stage) the gate part's, nothing else.
+    got = flags(todo.transfer_step(0, "/m", todo.agreement_file("selection")).command)
+    assert got["--agreement"] == [str(tmp_path / "teacher" / "agreement-selection.tsv")]
+    assert got["--steps"] == ["4"]
+    gate = todo.agreement_file("gate")
+    assert gate == tmp_path / "teacher" / "agreement-gate.tsv"
+    got = flags(todo.export_step({"x-distill": "/o"}, "champion=1", {}, tmp_path / "raw", gate).command)
+    assert got["--domain-dev"] == [str(gate)]
 
 
 def test_a_method_without_a_teacher_selects_on_stsb_dev_without_labels(params, tmp_path):
