@@ -86,9 +86,12 @@ def smoke(
         params["transfer"]["texts"] = "heldout"
     for section in ("pretrain_nli", "joint", "transfer"):
         params[section].update(steps=2, batch_size=min(8, params[section]["batch_size"]))
-        for recipe in ("base", "nli", "joint"):
-            if section == "transfer" and "steps" in params[section][recipe]:
-                params[section][recipe]["steps"] = 2
+    for recipe in ("base", "nli", "joint", "distillation", "tsdae"):  # overlays with steps of their own
+        overlay = params["transfer"].get(recipe) or {}
+        if "steps" in overlay:
+            overlay["steps"] = 2
+        if "eval_steps" in overlay:
+            overlay["eval_steps"] = 1
     params_file = work / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))
     models = work / "models"

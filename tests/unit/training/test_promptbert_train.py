@@ -225,7 +225,7 @@ def test_a_promptbert_transfer_saves_and_selects_with_its_prompt_pooling(still_m
     write_mini_senteval(data)
     # params' pooling for folders that carry none: a different template, so a fallback would show.
     params = {"evaluate": {"backend": "torch", "prompt": {"template": "[X] [MASK]", "denoise": False}}}
-    monkeypatch.setattr(evaluate, "load_params", lambda: params)
+    monkeypatch.setattr(evaluate, "load_params", lambda *args, **kwargs: params)
     written = tmp_path / "sts.json"
     argv = ["--model", f"p={out}", "--data", str(data), "--output", str(written), "--backend", "torch"]
     evaluate.main([*argv, "--no-progress"])
