@@ -2,8 +2,7 @@
 
     python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep] [--set KEY=VALUE]
 
-Only what is Prefect's and MLflow's lives here: the inbox (``SENTCL_INBOX``: new files, archived after a run),
-the champion to start from, each stage a task retried on a transient failure, the gate (docs/retraining.md)."""
+Only Prefect's and MLflow's part lives here: the inbox (``SENTCL_INBOX``), the champion, retried tasks, the gate."""
 
 from __future__ import annotations
 
