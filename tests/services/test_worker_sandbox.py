@@ -61,6 +61,9 @@ def _checkout(tmp_path: Path) -> Path:
 
 def _sandboxed(checkout: Path, *command: str, **kwargs) -> subprocess.Popen:
     options = ["--writable", "out", "--hide", ".env", "--hide", ".run"]
+    # The interpreter lives in this repository's venv, outside the fake checkout: kept in sight when the repository
+    # sits under /tmp, which the sandbox covers (a real worker runs from its checkout, which it always keeps).
+    options += ["--keep", sys.prefix]
     return subprocess.Popen(
         ["bash", str(SANDBOX), *options, "--", *command], cwd=checkout, text=True, **kwargs
     )
@@ -124,7 +127,7 @@ def test_make_stops_signal_reaches_the_program_inside(tmp_path, sent):
     )
     # As make serve starts it: its own session, INT not ignored (env --default-signal=INT).
     run = subprocess.Popen(
-        ["env", "--default-signal=INT", "bash", str(SANDBOX), "--writable", "out", "--"]
+        ["env", "--default-signal=INT", "bash", str(SANDBOX), "--writable", "out", "--keep", sys.prefix, "--"]
         + [sys.executable, "-c", program],
         cwd=checkout,
         stdout=subprocess.PIPE,
