@@ -152,8 +152,10 @@ def nearest_neighbours(vectors: np.ndarray, k: int = 1, chunk: int = 2048) -> np
         sims = x[start : start + chunk] @ x.T
         rows = np.arange(sims.shape[0])
         sims[rows, start + rows] = -np.inf  # never the sentence itself
-        top = np.argpartition(-sims, k - 1, axis=1)[:, :k]  # the k largest, unordered
-        order = np.argsort(-sims[rows[:, None], top], axis=1, kind="stable")
+        # torch's top-k over each row (numpy's argpartition took 8 of the 14 s on 22,780 sentences)
+        values, top = (t.numpy() for t in torch.topk(torch.from_numpy(sims), k, dim=1))
+        # nearest first; equal cosines by index, so the order does not depend on how top-k breaks ties
+        order = np.lexsort((top, -values), axis=1)
         best[start : start + chunk] = np.take_along_axis(top, order, axis=1)
     return best
 

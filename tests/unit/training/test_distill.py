@@ -173,6 +173,17 @@ def test_nearest_neighbours_are_each_sentences_most_similar_other_sentences(setu
         neighbour_groups(sentences[:3], teacher, 3)
 
 
+def test_nearest_neighbours_with_equal_cosines_come_in_index_order():
+    from sentcl.training.objectives.distill import nearest_neighbours
+
+    # Each of 20 directions three times, at lengths 1, 2 and 4 (the same unit vector exactly): a row's two
+    # nearest are its copies, at cosine 1.
+    directions = np.random.default_rng(0).normal(size=(20, 8)).astype(np.float32)
+    vectors = np.concatenate([directions, 2 * directions, 4 * directions])
+    copies = [sorted({i % 20, i % 20 + 20, i % 20 + 40} - {i}) for i in range(60)]
+    assert nearest_neighbours(vectors, k=2, chunk=7).tolist() == copies
+
+
 def test_hardest_groups_are_those_the_student_disagrees_with_the_teacher_on_most(setup):
     from sentcl.training.objectives.distill import hardest_groups, neighbour_groups
 
