@@ -44,12 +44,45 @@ def test_a_costlier_variant_must_win_by_more_than_the_seed_spread():
     narrow = summarise(
         _runs([(1.0, 0.4), (1.1, 0.4), (1.0, 0.3)], 1200.0)
     )  # 0.7, 0.75, 0.65: +0.2, spread 0.1
-    clear = summarise(_runs([(1.4, 0.6), (1.5, 0.5), (1.4, 0.5)], 2400.0))  # 1.0, 1.0, 0.95: +0.5 over cheap
+    clear = summarise(_runs([(1.4, 0.6), (1.5, 0.5), (1.4, 0.5)], 2400.0))  # 1.0, 1.0, 0.95: +0.48 over cheap
     best, lines = choose({"long": narrow, "short": cheap})
-    assert best == "short" and lines == ["long does not replace short: +0.20 against a seed spread of 0.20"]
+    assert best == "short"
+    assert lines == [
+        "short: +0.50, -0.20 from the best (long) against a seed spread of 0.20, 600 cpu_s: chosen",
+        "long: +0.70, +0.00 from the best (long) against a seed spread of 0.20, 1200 cpu_s: as good, costlier",
+    ]
     best, lines = choose({"short": cheap, "long": narrow, "longer": clear})
-    assert best == "longer"
-    assert lines[-1].startswith("longer replaces short: +0.48")
+    assert best == "longer"  # both cheaper ones fall short of it by more than 0.20
+    assert lines[0].endswith(
+        "-0.48 from the best (longer) against a seed spread of 0.20, 600 cpu_s: short of it"
+    )
+
+
+def test_the_choice_is_the_same_in_any_order_and_never_costs_more_for_less():
+    """Three seeds each, as the steps were measured: 200 steps +0.55 (range 0.10), 300 steps +0.85 (0.35), 400
+    steps +0.77 (0.09). Replacing a running choice pairwise picked 400 (it beats 200 by more than 200's and its own
+    range), although 300 costs less and scores more. The largest range, 0.35, is the spread: 200 steps is within it
+    of the best, and cheapest."""
+    from itertools import permutations
+
+    variants = {
+        "s200": summarise(_runs([(0.50, 0.50), (0.60, 0.50), (0.60, 0.60)], 360.0)),  # 0.50, 0.55, 0.60
+        "s300": summarise(_runs([(0.95, 1.00), (0.60, 0.60), (1.00, 0.90)], 550.0)),  # 0.975, 0.60, 0.95
+        "s400": summarise(_runs([(0.80, 0.80), (0.70, 0.70), (0.80, 0.80)], 775.0)),  # 0.80, 0.70, 0.80
+    }
+    for order in permutations(variants):
+        assert choose({name: variants[name] for name in order})[0] == "s200"
+    # Without 200 steps: 300 (best, cheaper) over 400.
+    assert choose({"s400": variants["s400"], "s300": variants["s300"]})[0] == "s300"
+
+
+def test_variants_at_the_same_price_go_by_their_mean():
+    first = summarise(_runs([(0.5, 0.5), (0.6, 0.6), (0.4, 0.4)], 100.0))  # 0.5, spread 0.2
+    second = summarise(_runs([(0.6, 0.6), (0.7, 0.7), (0.5, 0.5)], 105.0))  # 0.6: 5% dearer, the same price
+    # 0.6 for 30% more: not the same price
+    dear = summarise(_runs([(0.6, 0.6), (0.7, 0.7), (0.5, 0.5)], 130.0))
+    assert choose({"first": first, "second": second})[0] == "second"
+    assert choose({"first": first, "dear": dear})[0] == "first"
 
 
 def test_interpolated_weights_are_the_init_plus_a_times_the_change(tmp_path):
