@@ -38,7 +38,7 @@ from sentcl.model import teacher as T
 from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.pooling import read_model_pooling
-from sentcl.training.data import TextChoiceError, transfer_texts
+from sentcl.training.data import TextChoiceError, limit_texts, transfer_texts
 
 log = logging.getLogger(__name__)
 ScoredPairs = list[tuple[str, str, float]]
@@ -129,10 +129,10 @@ def sentences_to_encode(
     extra: list[str] = (),
     text_log: logging.Logger = log,
 ) -> list[str]:
-    """The whole transfer text (``texts``, else ``transfer.texts``), then every ``extra`` sentence (a retrain's
-    dev pairs and held-out share) not in it; each once, first-seen order. Not ``transfer.max_texts``' sample:
-    every few-shot sample, of any size and seed, is a subset, so a change of seed or sample size reuses the
-    vectors instead of encoding again (the DVC stage depends on neither)."""
+    """The transfer text (``texts``, else ``transfer.texts``) as the transfer stage samples it
+    (``transfer.max_texts`` sentences, seeded by ``seed``), then every ``extra`` sentence (a retrain's dev pairs and
+    held-out share) not in it; each once, first-seen order. Only what a later stage reads is encoded, so the DVC
+    stage depends on ``seed`` and ``transfer.max_texts``."""
     section = params.get("transfer") or {}
     choice = texts or section["texts"]
     # Exactly the text the transfer stage builds (distillation reads a vector for every sentence it trains on).
@@ -140,6 +140,7 @@ def sentences_to_encode(
         train = transfer_texts(choice, pairs, nli, raw, text_log)
     except (TextChoiceError, DomainTextError) as exc:
         raise T.TeacherError(str(exc)) from None
+    train = limit_texts(train, section.get("max_texts"), params["seed"])
     return list(dict.fromkeys([*train, *extra]))
 
 

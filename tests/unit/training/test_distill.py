@@ -523,31 +523,38 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
     assert not output.with_name("out.tmp").exists()
 
 
-def test_teacher_encodes_the_whole_text_whatever_the_sample_size_and_seed(tmp_path):
-    """A seed or a few-shot sample size of its own changes nothing the teacher encodes (DVC does not rerun it):
-    every sample the transfer stage draws is looked up in the whole text's vectors."""
+def test_teacher_encodes_the_sample_the_transfer_stage_trains_on_and_no_more(tmp_path):
+    """With ``transfer.max_texts`` a number, the teacher encodes that seed's sample of the text (and the extra
+    sentences), the very sentences the transfer stage draws; DVC reruns it when the seed or the size changes."""
+    import logging
+
     import yaml
 
-    from sentcl.training.data import limit_texts
+    from sentcl.training.data import training_text
     from sentcl.training.teacher_run import sentences_to_encode
     from stages.training import load_nli, load_pairs
-    from tests.tiny import write_tiny_processed
+    from tests.tiny import make_tiny_encoder, write_tiny_processed
 
     processed = write_tiny_processed(tmp_path / "processed")
     pairs, nli = load_pairs(processed), load_nli(processed)
+    init = str(make_tiny_encoder(tmp_path))
     text = tiny_sentences(12, seed=3)
     (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
-    encoded = []
+    encoded = {}
     for seed, max_texts in ((1, "all"), (2, 5), (3, 5)):
         params["seed"], params["transfer"]["max_texts"] = seed, max_texts
-        encoded.append(
-            sentences_to_encode(params, str(tmp_path / "text.txt"), tmp_path, pairs, nli, ["extra"])
+        got = sentences_to_encode(params, str(tmp_path / "text.txt"), tmp_path, pairs, nli, ["extra"])
+        config, quiet = train_config(seed=seed), logging.getLogger("test")
+        trained, _ = training_text(
+            str(tmp_path / "text.txt"), pairs, nli, tmp_path, init, config, max_texts, quiet
         )
-        assert set(limit_texts(text, max_texts, seed)) <= set(encoded[-1])
-    assert encoded[0] == encoded[1] == encoded[2] == [*dict.fromkeys(text), "extra"]
+        assert got == [*dict.fromkeys(trained), "extra"]
+        encoded[seed] = got
+    assert len(encoded[1]) == 13 and len(encoded[2]) == len(encoded[3]) == 6
+    assert encoded[2] != encoded[3]  # the sample follows the seed
     declared = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]["teacher"]["params"]
-    assert "seed" not in declared and "transfer.max_texts" not in declared
+    assert "seed" in declared and "transfer.max_texts" in declared
 
 
 def test_transfer_refuses_distill_without_a_teacher(tmp_path, capsys):
