@@ -154,10 +154,12 @@ def choose(summaries: dict[str, dict[str, Any]], cost: str = "cpu_s") -> tuple[s
     top = max(summaries, key=mean)
     good = [n for n in summaries if mean(top) - mean(n) <= spread]
     cheapest = min(summaries[n][cost] for n in good)
-    best = max((n for n in good if summaries[n][cost] <= cheapest * (1 + SAME_PRICE)), key=mean)
+    same_price = [n for n in good if summaries[n][cost] <= cheapest * (1 + SAME_PRICE)]
+    best = max(same_price, key=mean)
     lines = []
     for name in sorted(summaries, key=lambda n: summaries[n][cost]):
-        verdict = "chosen" if name == best else "as good, costlier" if name in good else "short of it"
+        verdict = "as good, the same price, a lower mean" if name in same_price else "as good, costlier"
+        verdict = "chosen" if name == best else verdict if name in good else "short of it"
         lines.append(
             f"{name}: {mean(name):+.2f}, {mean(name) - mean(top):+.2f} from the best ({top}) against a seed spread"
             f" of {spread:.2f}, {summaries[name][cost]:.0f} {cost}: {verdict}"

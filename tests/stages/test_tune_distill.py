@@ -81,7 +81,8 @@ def test_variants_at_the_same_price_go_by_their_mean():
     second = summarise(_runs([(0.6, 0.6), (0.7, 0.7), (0.5, 0.5)], 105.0))  # 0.6: 5% dearer, the same price
     # 0.6 for 30% more: not the same price
     dear = summarise(_runs([(0.6, 0.6), (0.7, 0.7), (0.5, 0.5)], 130.0))
-    assert choose({"first": first, "second": second})[0] == "second"
+    best, lines = choose({"first": first, "second": second})
+    assert best == "second" and lines[0].endswith("100 cpu_s: as good, the same price, a lower mean")
     assert choose({"first": first, "dear": dear})[0] == "first"
 
 
