@@ -155,10 +155,10 @@ def choose(summaries: dict[str, dict[str, Any]], cost: str = "cpu_s") -> tuple[s
     good = [n for n in summaries if mean(top) - mean(n) <= spread]
     cheapest = min(summaries[n][cost] for n in good)
     same_price = [n for n in good if summaries[n][cost] <= cheapest * (1 + SAME_PRICE)]
-    best = max(same_price, key=mean)
+    best = max(same_price, key=lambda n: (mean(n), -summaries[n][cost]))  # a tie: the cheaper
     lines = []
     for name in sorted(summaries, key=lambda n: summaries[n][cost]):
-        verdict = "as good, the same price, a lower mean" if name in same_price else "as good, costlier"
+        verdict = "as good, the same price, not the best mean" if name in same_price else "as good, costlier"
         verdict = "chosen" if name == best else verdict if name in good else "short of it"
         lines.append(
             f"{name}: {mean(name):+.2f}, {mean(name) - mean(top):+.2f} from the best ({top}) against a seed spread"

@@ -82,8 +82,10 @@ def test_variants_at_the_same_price_go_by_their_mean():
     # 0.6 for 30% more: not the same price
     dear = summarise(_runs([(0.6, 0.6), (0.7, 0.7), (0.5, 0.5)], 130.0))
     best, lines = choose({"first": first, "second": second})
-    assert best == "second" and lines[0].endswith("100 cpu_s: as good, the same price, a lower mean")
+    assert best == "second" and lines[0].endswith("100 cpu_s: as good, the same price, not the best mean")
     assert choose({"first": first, "dear": dear})[0] == "first"
+    twin = summarise(_runs([(0.5, 0.5), (0.6, 0.6), (0.4, 0.4)], 104.0))  # first's scores, 4% dearer
+    assert choose({"twin": twin, "first": first})[0] == "first"  # a tie at one price: the cheaper
 
 
 def test_interpolated_weights_are_the_init_plus_a_times_the_change(tmp_path):
