@@ -57,7 +57,7 @@ def retrain_method(params: Mapping[str, Any]) -> str:
 
 def retrain_overrides(params: Mapping[str, Any]) -> list[str]:
     """params.yaml ``retrain.transfer``, what a retrain's runs train with over ``transfer:`` (a distill run's steps:
-    a nightly budget, shorter than the pipeline's), as ``--set`` overrides: ``transfer.distillation.steps=600``.
+    a nightly budget of its own; the whole domain text), as ``--set`` overrides: ``transfer.distillation.steps=600``.
     Every key it names is a key of ``transfer:``."""
     overlay = read_section(params, "retrain", RETRAIN_KEYS)["transfer"]
     if not isinstance(overlay, Mapping):

@@ -17,7 +17,8 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     overlay = params["retrain"]["transfer"]["distillation"]["steps"]
-    assert retrain_overrides(params) == [f"transfer.distillation.steps={overlay}"]
+    # the whole domain text (the pipeline samples its own), and a nightly budget of steps
+    assert retrain_overrides(params) == ['transfer.max_texts="all"', f"transfer.distillation.steps={overlay}"]
     retrain = apply_overrides(params, retrain_overrides(params))
     steps = {
         o: transfer_config(retrain, "base", {"objective": o}).steps
@@ -28,7 +29,7 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
         "contrastive": params["transfer"]["steps"],
         "tsdae": params["transfer"]["steps"],
     }
-    assert overlay != params["transfer"]["distillation"]["steps"]  # the pipeline's own is longer
+    assert overlay != params["transfer"]["distillation"]["steps"]  # a budget of its own
     for bad in (0, 2.5, True, "600"):
         bad_params = {
             **params,
@@ -58,7 +59,7 @@ def test_retrain_config_is_read_once_from_retrain_and_a_bad_value_names_its_key(
     assert config.teacher == params["teacher"]["model"]  # the default method distils
     assert config.agreement.heldout_share == params["retrain"]["heldout_share"]
     assert config.agreement.gate_share == params["retrain"]["gate_share"]
-    assert config.overrides == ("transfer.distillation.steps=600",)
+    assert config.overrides == ('transfer.max_texts="all"', "transfer.distillation.steps=600")
     assert RetrainConfig.from_params(params, "tsdae+contrastive").objectives == ("tsdae", "contrastive")
     assert RetrainConfig.from_params(params, "tsdae").teacher is None
     for change, message in (
