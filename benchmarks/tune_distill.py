@@ -17,7 +17,8 @@ No test pair and no pair of the unseen check is read: those are read once per re
     python -m benchmarks.tune_distill --teacher-vectors DIR --variant more:transfer.texts=FILE  # another text
 
 Ends with a per-seed table (Spearman x 100, change against the base, training seconds), a per-variant summary
-(mean and sd over seeds, the seeds' range) and one line naming the choice by the rule of :func:`choose`: the
+(mean and sd over seeds, the seeds' range, CPU seconds of training plus the teacher's encoding of the variant's text
+at the rate its ``teacher.json`` records) and one line naming the choice by the rule of :func:`choose`: the
 cheapest variant whose mean selection gain is within the seed spread of the best one's: a costlier variant is
 kept only when every cheaper one falls short of the best by more than the seed spread.
 
@@ -43,8 +44,9 @@ import yaml
 from benchmarks.bench_domain import score
 from sentcl.data.roles import selection_sets
 from sentcl.params import merge, write_params
-from stages.common import PROCESSED, ROOT, load_params, offline_hub
-from stages.training import load_pairs
+from sentcl.training.teacher_run import sentences_to_encode
+from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub
+from stages.training import load_nli, load_pairs
 
 SETS = ("stsb_dev", "sick_trial")  # the declared selection sets; their mean gain is the selection gain
 DEFAULT_SEEDS = (42, 43, 44)
@@ -62,9 +64,17 @@ def nest(dotted: dict[str, Any]) -> dict[str, Any]:
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``name:key=value,key=value`` into the name and its overrides; a value is YAML, and a comma inside
+    brackets belongs to it (``train.freeze=[embeddings,encoder.layer.0]``)."""
     name, _, body = text.partition(":")
+    items, depth, start = [], 0, 0
+    for i, char in enumerate(body + ","):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            items.append(body[start:i])
+            start = i + 1
     overrides = {}
-    for item in filter(None, body.split(",")):
+    for item in filter(None, items):
         key, _, value = item.partition("=")
         overrides[key] = yaml.safe_load(value)
     return name, overrides
@@ -94,6 +104,26 @@ def run_variant(
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return folder, time.perf_counter() - started, cpu
+
+
+def teacher_rate(folder: Path) -> float:
+    """CPU seconds the teacher stage spent a sentence on the record in ``folder`` (its ``teacher.json``); a record
+    from before ``encode_cpu_seconds`` was kept: its wall seconds on every core, an upper bound."""
+    meta = json.loads((folder / "teacher.json").read_text())
+    if meta.get("model") == "none" or not meta.get("sentences"):
+        return 0.0
+    cpu = meta.get("encode_cpu_seconds")
+    if cpu is None:
+        cpu = meta["encode_seconds"] * (os.cpu_count() or 1)
+    return cpu / meta["sentences"]
+
+
+def teacher_cost(params: dict[str, Any], rate: float, pairs, nli, raw: Path = RAW) -> tuple[int, float]:  # noqa: ANN001
+    """What the teacher stage would encode for a variant's ``params`` (its text, sampled as the transfer stage
+    samples it) and the CPU seconds that costs at ``rate``: a variant that trains on more text pays for its
+    teacher vectors too."""
+    count = len(sentences_to_encode(params, None, raw, pairs, nli))
+    return count, round(rate * count, 1)
 
 
 def interpolate(init: str, trained: Path, weight: float, out: Path) -> Path:
@@ -126,13 +156,17 @@ def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
         return {"mean": round(statistics.fmean(values), 3), "sd": round(sd, 3)}
 
     chosen_by = [selection_gain(r["gains"]) for r in runs]
+    cpu = statistics.fmean(r["cpu_s"] for r in runs)
+    teacher = statistics.fmean(r.get("teacher_cpu_s", 0.0) for r in runs)
     return {
         "seeds": [r["seed"] for r in runs],
         "gains": {k: stats([r["gains"][k] for r in runs]) for k in SETS},
         "selection_gain": stats(chosen_by),
         "spread": round(max(chosen_by) - min(chosen_by), 3),
         "wall_s": round(statistics.fmean(r["wall_s"] for r in runs), 1),
-        "cpu_s": round(statistics.fmean(r["cpu_s"] for r in runs), 1),
+        "cpu_s": round(cpu, 1),
+        "teacher_cpu_s": round(teacher, 1),
+        "cost_cpu_s": round(cpu + teacher, 1),  # what the rule weighs: training and the teacher's vectors
     }
 
 
@@ -191,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     params = load_params()
     variants = dict(map(parse_variant, args.variant)) if args.variant else {"default": {}}
     seeds = [int(s) for s in args.seeds.split(",")]
-    sets = tuning_sets(load_pairs(PROCESSED))
+    pairs, nli = load_pairs(PROCESSED), load_nli(PROCESSED)
+    sets = tuning_sets(pairs)
+    rate = teacher_rate(args.teacher_vectors)
     work = Path(args.work or tempfile.mkdtemp(prefix="tune-distill-")).resolve()
     backend = params["evaluate"]["backend"]
     base_scores = score(params["model"]["name"], [], sets, backend)
@@ -205,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
             )
             after = score(str(folder / "model"), [], sets, backend)
             record = json.loads((folder / "metrics" / "train" / f"tune-{run}.json").read_text())
+            texts, teacher_cpu = teacher_cost(
+                merge(params, nest({"seed": seed, **overrides})), rate, pairs, nli
+            )
             row = {
                 "variant": name,
                 "seed": seed,
@@ -215,9 +254,15 @@ def main(argv: list[str] | None = None) -> int:
                 "steps": record["steps"],
                 "wall_s": round(wall, 1),
                 "cpu_s": round(cpu, 1),
+                "texts": texts,
+                "teacher_cpu_s": teacher_cpu,
             }
             runs.setdefault(name, []).append(row)
-            print(f"tune-distill: {run}: {row['gains']} ({wall:.0f} s, {cpu:.0f} CPU s)", flush=True)
+            print(
+                f"tune-distill: {run}: {row['gains']} ({wall:.0f} s, {cpu:.0f} CPU s; teacher {teacher_cpu:.0f}"
+                f" CPU s for {texts} sentences)",
+                flush=True,
+            )
             for weight in [float(w) for w in args.interpolate.split(",")] if args.interpolate else []:
                 mixed = interpolate(
                     params["model"]["name"], folder / "model", weight, folder / f"mix-{weight:g}"
@@ -239,8 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['variant']} | {row['seed']} | " + " | ".join(cells) + f" | {step} | {wall} | {cpu} |")
     summaries = {name: summarise(rows) for name, rows in runs.items()}
     print(
-        "\n| variant | seeds | STS-B dev | SICK-R trial | selection gain | spread | wall s | CPU s |\n"
-        "|---|---|---|---|---|---|---|---|"
+        "\n| variant | seeds | STS-B dev | SICK-R trial | selection gain | spread | wall s | CPU s, training +"
+        " teacher |\n|---|---|---|---|---|---|---|---|"
     )
     for name, s in summaries.items():
         cells = [f"{s['gains'][k]['mean']:+.2f} +- {s['gains'][k]['sd']:.2f}" for k in SETS]
@@ -248,9 +293,10 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"| {name} | {len(s['seeds'])} | "
             + " | ".join(cells)
-            + f" | {gain['mean']:+.2f} +- {gain['sd']:.2f} | {s['spread']:.2f} | {s['wall_s']:.0f} | {s['cpu_s']:.0f} |"
+            + f" | {gain['mean']:+.2f} +- {gain['sd']:.2f} | {s['spread']:.2f} | {s['wall_s']:.0f}"
+            + f" | {s['cpu_s']:.0f} + {s['teacher_cpu_s']:.0f} |"
         )
-    best, lines = choose(summaries)
+    best, lines = choose(summaries, cost="cost_cpu_s")
     for line in lines:
         print(f"tune-distill: {line}")
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
@@ -274,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"\ntune-distill: choice on selection data: {best} (selection gain "
         f"{summaries[best]['selection_gain']['mean']:+.2f} +- {summaries[best]['selection_gain']['sd']:.2f} over "
-        f"{len(summaries[best]['seeds'])} seeds, {summaries[best]['cpu_s']:.0f} CPU s); load {load}"
+        f"{len(summaries[best]['seeds'])} seeds, {summaries[best]['cost_cpu_s']:.0f} CPU s with its teacher vectors); load {load}"
     )
     return 0
 

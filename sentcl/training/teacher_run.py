@@ -176,6 +176,12 @@ def none_record() -> T.TeacherVectors:
     return T.TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"})
 
 
+def cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that ended (the encoding workers)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def encode(
     encoder: FastEncoder,
     sentences: list[str],
@@ -187,9 +193,9 @@ def encode(
 ) -> T.TeacherVectors:
     """The teacher's fp16 vectors of ``sentences`` and what made them (``teacher.json``); with ``pairs``, the
     domain dev scores (``domain_dev``)."""
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), cpu_seconds()
     vectors = encoder(sentences)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, cpu_seconds() - cpu_start
     record = T.TeacherVectors(sentences, vectors.astype(np.float16), {})
     dev_scores = domain_dev_scores(record, pairs, student, settings) if pairs else None
     peak = max(
@@ -211,6 +217,9 @@ def encode(
         "sentences": len(sentences),
         "truncated": encoder.last_truncated,
         "encode_seconds": round(seconds, 1),
+        "encode_cpu_seconds": round(
+            cpu, 2
+        ),  # this process and its encoding workers: what a variant's text costs
         "peak_rss_mb_per_process": round(peak / 1024),
     }
     if dev_scores is not None:

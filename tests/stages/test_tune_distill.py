@@ -5,7 +5,7 @@ costlier one wins by more than the seed spread."""
 import pandas as pd
 import pytest
 
-from benchmarks.tune_distill import choose, summarise, tuning_sets
+from benchmarks.tune_distill import choose, parse_variant, summarise, tuning_sets
 
 
 def test_tuning_sets_are_the_selection_sets_and_nothing_else():
@@ -27,6 +27,18 @@ def _runs(gains: list[tuple[float, float]], cpu: float) -> list[dict]:
         {"seed": 42 + i, "gains": {"stsb_dev": a, "sick_trial": b}, "wall_s": cpu, "cpu_s": cpu}
         for i, (a, b) in enumerate(gains)
     ]
+
+
+def test_a_variant_list_value_keeps_its_commas():
+    name, overrides = parse_variant(
+        "frz:transfer.distillation.freeze=[embeddings,encoder.layer.0],transfer.distillation.steps=300"
+    )
+    assert name == "frz"
+    assert overrides == {
+        "transfer.distillation.freeze": ["embeddings", "encoder.layer.0"],
+        "transfer.distillation.steps": 300,
+    }
+    assert parse_variant("default:") == ("default", {})
 
 
 def test_summary_is_the_mean_sd_and_range_over_seeds():
@@ -109,3 +121,44 @@ def test_interpolated_weights_are_the_init_plus_a_times_the_change(tmp_path):
                 assert (mixed[key].double() - expected).abs().max() < 1e-5, key
             else:
                 assert (mixed[key] == value).all(), key
+
+
+def test_a_variant_pays_for_the_teacher_vectors_of_its_own_text(tmp_path):
+    """The cost the rule weighs is training plus the teacher's encoding of the text the variant trains on, at the
+    CPU rate the teacher stage recorded: a variant on half the text pays half the teacher's seconds."""
+    import json
+
+    from benchmarks.tune_distill import teacher_cost, teacher_rate
+
+    (tmp_path / "teacher.json").write_text(
+        json.dumps({"model": "m", "sentences": 400, "encode_seconds": 60.0, "encode_cpu_seconds": 100.0})
+    )
+    rate = teacher_rate(tmp_path)
+    assert rate == pytest.approx(0.25)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"sentence number {i} of the domain .\n" for i in range(300)))
+    empty = pd.DataFrame(columns=["task", "split", "sentence1", "sentence2", "score"])
+    params = {"seed": 42, "transfer": {"texts": str(text), "max_texts": "all"}}
+    assert teacher_cost(params, rate, empty, empty) == (300, 75.0)
+    params["transfer"]["max_texts"] = 120
+    assert teacher_cost(params, rate, empty, empty) == (120, 30.0)
+    runs = [
+        {**r, "teacher_cpu_s": t}
+        for r, t in zip(_runs([(0.5, 0.5)] * 3, 100.0), (30.0, 30.0, 30.0), strict=True)
+    ]
+    summary = summarise(runs)
+    assert (summary["cpu_s"], summary["teacher_cpu_s"], summary["cost_cpu_s"]) == (100.0, 30.0, 130.0)
+    # a record from before the CPU field: wall seconds on every core, never less than the truth
+    (tmp_path / "teacher.json").write_text(
+        json.dumps({"model": "m", "sentences": 400, "encode_seconds": 60.0})
+    )
+    assert teacher_rate(tmp_path) >= 60.0 / 400
+
+
+def test_a_cheap_run_on_costly_teacher_vectors_is_not_the_cheap_choice():
+    """Training seconds alone would choose the short run on the whole text; with the teacher's seconds counted, the
+    run on a sample that scores as well is cheaper."""
+    whole = summarise([{**r, "teacher_cpu_s": 550.0} for r in _runs([(0.7, 0.7)] * 3, 300.0)])
+    sample = summarise([{**r, "teacher_cpu_s": 250.0} for r in _runs([(0.7, 0.7)] * 3, 360.0)])
+    assert choose({"whole": whole, "sample": sample})[0] == "whole"  # training seconds only
+    assert choose({"whole": whole, "sample": sample}, cost="cost_cpu_s")[0] == "sample"

@@ -502,6 +502,7 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
     meta = record.meta
     assert (meta["model"], meta["dim"], meta["backend"], meta["licence"]) == (str(teacher), 32, "torch", None)
     assert meta["sentences"] == len(record.sentences) and len(meta["weights_sha256"]) == 64
+    assert 0 <= meta["encode_cpu_seconds"] < 60  # what tune_distill charges a variant a sentence
     scores = meta["domain_dev"]
     assert scores["pairs"] == 4 and scores["student_model"] == str(tiny_model)
     # Written out: Spearman x 100 of the cosines, the teacher's from its stored fp16 vectors, the student's from
@@ -521,6 +522,19 @@ def test_teacher_stage_encodes_the_text_and_scores_the_domain_dev_pairs(tmp_path
     encoded = [student.encode(side).astype(np.float64) for side in (first, second)]
     assert scores["student"] == pytest.approx(spearman(*encoded), abs=1e-3)
     assert not output.with_name("out.tmp").exists()
+
+
+def test_the_teacher_encodings_cpu_seconds_count_its_worker_processes():
+    """The teacher encodes in worker processes of one thread each: their CPU seconds are the stage's cost too."""
+    import subprocess
+    import sys
+
+    from sentcl.training.teacher_run import cpu_seconds
+
+    before = cpu_seconds()
+    burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    assert cpu_seconds() - before >= 0.5
 
 
 def test_teacher_encodes_the_sample_the_transfer_stage_trains_on_and_no_more(tmp_path):
