@@ -19,8 +19,9 @@ No test pair and no pair of the unseen check is read: those are read once per re
 Ends with a per-seed table (Spearman x 100, change against the base, training seconds), a per-variant summary
 (mean and sd over seeds, the seeds' range, CPU seconds of training plus the teacher's encoding of the variant's text
 at the rate its ``teacher.json`` records) and one line naming the choice by the rule of :func:`choose`: the
-cheapest variant whose mean selection gain is within the seed spread of the best one's: a costlier variant is
-kept only when every cheaper one falls short of the best by more than the seed spread.
+cheapest variant whose mean selection gain is within the seed spread of the best one's (the larger of the two
+variants' seed ranges): a costlier variant is kept only when every cheaper one falls short of the best by more than
+the seed spread.
 
 ``--interpolate 0.5,1.5`` also scores, for each run, the weights ``base + a (variant - base)`` (WiSE-FT,
 Wortsman et al. 2022). Those rows are reported, never chosen: no stage ships them.
@@ -174,19 +175,22 @@ SAME_PRICE = 0.10  # costs within 10% of the cheapest are the same price: a meas
 
 
 def choose(summaries: dict[str, dict[str, Any]], cost: str = "cpu_s") -> tuple[str, list[str]]:
-    """The rule, whatever order the variants come in: the seed spread is the largest seeds' range among them; a
-    variant whose mean selection gain is within that spread of the best mean is as good as the best; of those, the
-    cheapest by ``cost`` (mean over seeds) is the choice, and of variants at the same price (within
-    ``SAME_PRICE``) the higher mean. So a costlier variant is kept only when every cheaper one falls short of the
-    best by more than the seed spread, and one that costs more for less is never chosen. Returns the choice and
-    one line per variant, cheapest first."""
+    """The rule, whatever order the variants come in: a variant is as good as the best mean when the best does not
+    beat it by more than their seed spread (the larger of the two seeds' ranges; a noisy third variant does not
+    loosen the bar between two others); of those, the cheapest by ``cost`` (mean over seeds) is the choice, and of
+    variants at the same price (within ``SAME_PRICE``) the higher mean. So a costlier variant is kept only when
+    every cheaper one falls short of the best by more than the seed spread, and one that costs more for less is
+    never chosen. Returns the choice and one line per variant, cheapest first."""
 
     def mean(name: str) -> float:
         return summaries[name]["selection_gain"]["mean"]
 
-    spread = max(s["spread"] for s in summaries.values())
     top = max(summaries, key=mean)
-    good = [n for n in summaries if mean(top) - mean(n) <= spread]
+
+    def spread(name: str) -> float:
+        return max(summaries[top]["spread"], summaries[name]["spread"])
+
+    good = [n for n in summaries if mean(top) - mean(n) <= spread(n)]
     cheapest = min(summaries[n][cost] for n in good)
     same_price = [n for n in good if summaries[n][cost] <= cheapest * (1 + SAME_PRICE)]
     best = max(same_price, key=lambda n: (mean(n), -summaries[n][cost]))  # a tie: the cheaper
@@ -196,7 +200,7 @@ def choose(summaries: dict[str, dict[str, Any]], cost: str = "cpu_s") -> tuple[s
         verdict = "chosen" if name == best else verdict if name in good else "short of it"
         lines.append(
             f"{name}: {mean(name):+.2f}, {mean(name) - mean(top):+.2f} from the best ({top}) against a seed spread"
-            f" of {spread:.2f}, {summaries[name][cost]:.0f} {cost}: {verdict}"
+            f" of {spread(name):.2f}, {summaries[name][cost]:.0f} {cost}: {verdict}"
         )
     return best, lines
 

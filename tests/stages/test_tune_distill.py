@@ -61,7 +61,7 @@ def test_a_costlier_variant_must_win_by_more_than_the_seed_spread():
     assert best == "short"
     assert lines == [
         "short: +0.50, -0.20 from the best (long) against a seed spread of 0.20, 600 cpu_s: chosen",
-        "long: +0.70, +0.00 from the best (long) against a seed spread of 0.20, 1200 cpu_s: as good, costlier",
+        "long: +0.70, +0.00 from the best (long) against a seed spread of 0.10, 1200 cpu_s: as good, costlier",
     ]
     best, lines = choose({"short": cheap, "long": narrow, "longer": clear})
     assert best == "longer"  # both cheaper ones fall short of it by more than 0.20
@@ -73,8 +73,8 @@ def test_a_costlier_variant_must_win_by_more_than_the_seed_spread():
 def test_the_choice_is_the_same_in_any_order_and_never_costs_more_for_less():
     """Three seeds each, as the steps were measured: 200 steps +0.55 (range 0.10), 300 steps +0.85 (0.35), 400
     steps +0.77 (0.09). Replacing a running choice pairwise picked 400 (it beats 200 by more than 200's and its own
-    range), although 300 costs less and scores more. The largest range, 0.35, is the spread: 200 steps is within it
-    of the best, and cheapest."""
+    range), although 300 costs less and scores more. Measured against the best, 300 steps, with their larger range
+    (0.375), 200 steps is within it, and cheapest."""
     from itertools import permutations
 
     variants = {
@@ -86,6 +86,18 @@ def test_the_choice_is_the_same_in_any_order_and_never_costs_more_for_less():
         assert choose({name: variants[name] for name in order})[0] == "s200"
     # Without 200 steps: 300 (best, cheaper) over 400.
     assert choose({"s400": variants["s400"], "s300": variants["s300"]})[0] == "s300"
+
+
+def test_a_noisy_variant_does_not_loosen_the_bar_between_two_others():
+    """The best (+0.8) beats the cheap variant (+0.5) by more than either's range (0.1): the best is kept, whatever
+    range a third variant has. With one spread for all (the largest range, 0.8), the cheap one had been chosen."""
+    cheap = summarise(_runs([(0.5, 0.5), (0.55, 0.55), (0.45, 0.45)], 100.0))
+    best = summarise(_runs([(0.8, 0.8), (0.85, 0.85), (0.75, 0.75)], 200.0))
+    noisy = summarise(_runs([(0.3, 0.3), (0.7, 0.7), (-0.1, -0.1)], 300.0))  # +0.3, range 0.8
+    choice, lines = choose({"cheap": cheap, "best": best, "noisy": noisy})
+    assert choice == "best"
+    assert lines[0].startswith("cheap: +0.50, -0.30 from the best (best) against a seed spread of 0.10")
+    assert lines[2].endswith("300 cpu_s: as good, costlier")  # within its own range of the best, and dearer
 
 
 def test_variants_at_the_same_price_go_by_their_mean():
