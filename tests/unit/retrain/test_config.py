@@ -17,8 +17,12 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     overlay = params["retrain"]["transfer"]["distillation"]["steps"]
-    # the whole domain text (the pipeline samples its own), and a nightly budget of steps
-    assert retrain_overrides(params) == ['transfer.max_texts="all"', f"transfer.distillation.steps={overlay}"]
+    # the whole domain text (the pipeline samples its own), a nightly budget of steps, every layer trained
+    assert retrain_overrides(params) == [
+        'transfer.max_texts="all"',
+        f"transfer.distillation.steps={overlay}",
+        "transfer.distillation.freeze=[]",
+    ]
     retrain = apply_overrides(params, retrain_overrides(params))
     steps = {
         o: transfer_config(retrain, "base", {"objective": o}).steps
@@ -30,6 +34,9 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
         "tsdae": params["transfer"]["steps"],
     }
     assert overlay != params["transfer"]["distillation"]["steps"]  # a budget of its own
+    # the pipeline's distillation leaves its bottom layers untrained; a retrain trains every layer
+    assert transfer_config(params, "base", {"objective": "distill"}).freeze
+    assert transfer_config(retrain, "base", {"objective": "distill"}).freeze == ()
     for bad in (0, 2.5, True, "600"):
         bad_params = {
             **params,
@@ -59,7 +66,11 @@ def test_retrain_config_is_read_once_from_retrain_and_a_bad_value_names_its_key(
     assert config.teacher == params["teacher"]["model"]  # the default method distils
     assert config.agreement.heldout_share == params["retrain"]["heldout_share"]
     assert config.agreement.gate_share == params["retrain"]["gate_share"]
-    assert config.overrides == ('transfer.max_texts="all"', "transfer.distillation.steps=600")
+    assert config.overrides == (
+        'transfer.max_texts="all"',
+        "transfer.distillation.steps=600",
+        "transfer.distillation.freeze=[]",
+    )
     assert RetrainConfig.from_params(params, "tsdae+contrastive").objectives == ("tsdae", "contrastive")
     assert RetrainConfig.from_params(params, "tsdae").teacher is None
     for change, message in (

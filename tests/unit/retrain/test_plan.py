@@ -51,7 +51,12 @@ def test_a_labelled_distill_retrain_checks_the_teacher_and_selects_on_the_dev_pa
     got = flags(teacher.command)
     # the same file and overrides as this process, then the retrain's own overlay over transfer
     assert got["--params"] == [str(params.file)]
-    assert got["--set"] == ["seed=7", 'transfer.max_texts="all"', "transfer.distillation.steps=600"]
+    assert got["--set"] == [
+        "seed=7",
+        'transfer.max_texts="all"',
+        "transfer.distillation.steps=600",
+        "transfer.distillation.freeze=[]",
+    ]
     assert got["--domain-dev"] == [str(tmp_path / "dev.tsv")] and got["--student"] == ["/m/init"]
     assert "--heldout" not in got and "--heldout-gate" not in got and "--processed" not in got
     assert teacher.record == tmp_path / "w" / "teacher" / "teacher.json"
