@@ -32,9 +32,14 @@ def tiny_vocab() -> list[str]:
 
 
 def make_tiny_encoder(
-    tmp_path: Path | str, name: str = "tiny-bert", seed: int = 0, max_length: int = 32, dropout: float = 0.1
+    tmp_path: Path | str,
+    name: str = "tiny-bert",
+    seed: int = 0,
+    max_length: int = 32,
+    dropout: float = 0.1,
+    layers: int = 3,
 ) -> Path:
-    """Save a randomly initialised 3-layer, 32-wide BERT with its tokenizer under ``tmp_path/name``; return the folder.
+    """Save a randomly initialised ``layers``-layer, 32-wide BERT with its tokenizer under ``tmp_path/name``; return the folder.
 
     The folder is a sentence-transformers model (mean pooling) that also loads with ``AutoModel.from_pretrained``.
     ``dropout=0`` makes training deterministic across batch layouts (for equivalence tests).
@@ -52,7 +57,7 @@ def make_tiny_encoder(
     config = BertConfig(
         vocab_size=len(tiny_vocab()),
         hidden_size=32,
-        num_hidden_layers=3,  # the default distillation leaves embeddings and layers 0-1 untrained
+        num_hidden_layers=layers,  # 3: the default distillation leaves the embeddings and layers 0-1 untrained
         num_attention_heads=2,
         intermediate_size=37,
         max_position_embeddings=128,

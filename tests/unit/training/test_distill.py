@@ -51,7 +51,7 @@ def setup(tmp_path_factory):
     from sentcl.model.teacher import TeacherVectors
 
     tmp = tmp_path_factory.mktemp("distill")
-    student = make_tiny_encoder(tmp, "student", dropout=0.0)
+    student = make_tiny_encoder(tmp, "student", dropout=0.0, layers=2)  # every layer trains here
     teacher_folder = make_tiny_teacher(tmp)
     sentences = tiny_sentences(80, seed=3)
     vectors = FastEncoder(teacher_folder, backend="torch")(sentences)
@@ -369,6 +369,7 @@ def test_training_moves_the_student_toward_the_teacher_and_caches_gradients_exac
             warmup_ratio=0.0,
             eval_steps=1000,
             patience=None,
+            freeze=[],  # every layer of the tiny student trains
         )
         encoder = Encoder.from_pretrained(str(student))
         trainer = Trainer(encoder, config, sentences, dev, progress=False, teacher=teacher)

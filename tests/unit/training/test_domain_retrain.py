@@ -357,7 +357,8 @@ def test_transfer_stage_selects_on_domain_dev_and_records_it(stage_args, objecti
     assert record["examples"] == 31 and record["texts_truncated"] >= 1
     rows = list(csv.DictReader(open(tmp_path / "metrics" / "curves" / "domain.csv")))
     assert [r["step"] for r in rows if r["domain_dev"]] == ["0", "1", "2", "3"]
-    assert float(rows[0]["domain_dev"]) == pytest.approx(record["domain_dev_step0"], abs=1e-3)
+    # the curve keeps every digit, the metrics record two decimals
+    assert float(rows[0]["domain_dev"]) == pytest.approx(record["domain_dev_step0"], abs=0.005 + 1e-9)
     assert Encoder.from_pretrained(str(tmp_path / "out")).encode(["a man"]).shape == (1, 32)
 
 
