@@ -19,8 +19,8 @@ Two steps are timed, each on real batches of the default text (``transfer.texts:
 Per row: sentences/s and the ratio to the peer; the **real-token share** (tokens of the sentences over the
 tokens the forward computes: padded to the batch's longest, or to each chunk's longest); **seconds per 1,000 real
 tokens**; and the **fraction of peak**: model FLOPs per real token (forward and backward: 6 x the non-embedding
-parameters + the attention's 12 x layers x hidden x mean length, the nanoGPT/PaLM count) times real tokens per
-second, over the CPU's physical peak (cores x clock x FLOP per cycle, derived from /proc/cpuinfo and printed).
+parameters + the attention's 12 x layers x hidden x mean length, the nanoGPT/PaLM count, less what frozen layers
+skip: :func:`flops_per_token`) times real tokens per second, over the CPU's physical peak (cores x clock x FLOP per cycle, derived from /proc/cpuinfo and printed).
 The loops alternate on the same batch at each step (peer, sentcl padded, sentcl chunks, ...) so that a machine
 shared with other jobs slows all alike; each ratio is of median step times measured in this one run. Memory: the
 activations autograd keeps for the backward pass (exact, from a separate untimed step), and the peak growth of
@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import statistics
 import threading
 import time
@@ -264,12 +265,34 @@ def cpu_peak() -> tuple[float, float, str]:
     return fp32, cores * mhz * 1e6 * bf16, how
 
 
-def flops_per_token(model: torch.nn.Module, mean_length: float) -> float:
-    """Training FLOPs per real token, forward and backward: 6 x the non-embedding parameters + 12 x layers x
-    hidden x the mean sequence length (attention scores and their use; the nanoGPT/PaLM count)."""
+def flops_per_token(model: torch.nn.Module, mean_length: float, freeze: tuple[str, ...] = ()) -> float:
+    """Training FLOPs per real token, forward and backward, of a BERT's matrix products (the nanoGPT/PaLM count,
+    less what frozen weights skip): each weight costs 2 FLOPs a token forward, 2 more for its gradient where it
+    trains, and 2 more for its input's gradient where a trained weight sits upstream of it (a layer's query, key
+    and value read the layer's input; the rest of the layer also reads what those produced). Each layer's attention
+    costs 4 x hidden x the mean sequence length forward (scores and their use), 12 where the backward passes
+    through its query, key and value. So ``train.freeze`` of the bottom layers leaves them forward only, and the
+    lowest trained layer computes no gradient of its input. Embeddings and the pooler are no matrix products."""
     config = model.config
-    body = sum(p.numel() for n, p in model.named_parameters() if not n.startswith(("embeddings.", "pooler.")))
-    return 6 * body + 12 * config.num_hidden_layers * config.hidden_size * mean_length
+    trained_below = False  # a trained parameter in a lower layer or the embeddings (named bottom to top)
+    layer, trained_in_layer, attention = None, False, {}
+    total = 0.0
+    for name, p in model.named_parameters():
+        trained = not (freeze and name.startswith(tuple(freeze)))
+        found = re.match(r"encoder\.layer\.(\d+)\.", name)
+        if found and found.group(1) != layer:
+            trained_below, layer, trained_in_layer = trained_below or trained_in_layer, found.group(1), False
+        if not found:  # the embeddings (below every layer) or the pooler (above)
+            trained_below = trained_below or (trained and name.startswith("embeddings."))
+            continue
+        reads_layer_input = ".attention.self." in name
+        upstream = trained_below or (trained_in_layer and not reads_layer_input)
+        if reads_layer_input:
+            attention[layer] = attention.get(layer, False) or trained or trained_below
+        total += (2 + 2 * trained + 2 * upstream) * p.numel()
+        trained_in_layer = trained_in_layer or trained
+    backward = [attention.get(str(i), True) for i in range(config.num_hidden_layers)]
+    return total + sum((12 if back else 4) * config.hidden_size * mean_length for back in backward)
 
 
 def token_counts(tokenizer, sentences: list[str], max_length: int, chunk: int) -> tuple[int, int]:
@@ -294,10 +317,10 @@ def measure(
     unit: int,
     tokens: dict[str, tuple[float, float]] | None = None,
     peaks: dict[str, float] | None = None,
-    flops: float | None = None,
+    flops: dict[str, float] | None = None,
 ) -> dict[str, float]:
     """Warm-up on the first batch, then every loop on each later batch in turn; one table. ``tokens``: each
-    loop's mean (real, computed) tokens a step; ``peaks``: each loop's peak FLOP/s; ``flops``: per real token.
+    loop's mean (real, computed) tokens a step; ``peaks``: each loop's peak FLOP/s; ``flops``: each loop's per real token.
     Returns each loop's median step seconds."""
     times: dict[str, list[float]] = {name: [] for name in loops}
     cpu: dict[str, list[float]] = {name: [] for name in loops}
@@ -329,8 +352,8 @@ def measure(
             work = (
                 f"  real tokens {100 * real / computed:.0f}% of computed, {per_k:.3f} s / 1,000 real tokens"
             )
-            if flops and peaks and name in peaks:
-                work += f", {100 * flops * real / medians[name] / peaks[name]:.0f}% of peak"
+            if flops and peaks and name in peaks and name in flops:
+                work += f", {100 * flops[name] * real / medians[name] / peaks[name]:.0f}% of peak"
         print(
             f"{name:34s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[peer]:.3f} of the peer{versus}  "
             f"(median step {medians[name]:.3f} s, CPU {statistics.median(cpu[name]):.3f} s){work}  "
@@ -448,10 +471,15 @@ def main() -> None:
         )
         unit = config.batch_size * (config.distill.neighbours + 1)
         mean_length = tokens[peer][0] / unit
-        flops = flops_per_token(AutoModel.from_pretrained(path), mean_length)
+        student = AutoModel.from_pretrained(path)
+        flops = {peer: flops_per_token(student, mean_length)}
+        flops |= {
+            n: flops_per_token(student, mean_length, setting.freeze) for n, (setting, _) in kinds.items()
+        }
         print(
-            f"\npeak: {how}; {flops / 1e6:.1f} MFLOP a real token forward and backward at a mean "
-            f"{mean_length:.1f} tokens a sentence"
+            f"\npeak: {how}; {flops[peer] / 1e6:.1f} MFLOP a real token forward and backward at a mean "
+            f"{mean_length:.1f} tokens a sentence, {flops['default (params.yaml, auto)'] / 1e6:.1f} with the "
+            f"default's frozen layers ({list(default.freeze)})"
         )
         measure(
             "distill (the default transfer)",

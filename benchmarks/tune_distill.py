@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import tempfile
@@ -45,6 +44,7 @@ import yaml
 from benchmarks.bench_domain import score
 from sentcl.data.roles import selection_sets
 from sentcl.params import merge, write_params
+from sentcl.training.runtime import cpu_seconds
 from sentcl.training.teacher_run import sentences_to_encode
 from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub
 from stages.training import load_nli, load_pairs
@@ -97,14 +97,12 @@ def run_variant(
     options |= {"--metrics-dir": folder / "metrics", "--checkpoints-dir": folder / "ckpt"}
     cmd = variant.command("stages.transfer", {**options, "--teacher-vectors": teacher})
     print(f"tune-distill: {name}: {overrides or 'params.yaml as it is'}", flush=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = cpu_seconds(own=False)
     started = time.perf_counter()
     env = dict(os.environ, SENTCL_MLFLOW="0", HF_HUB_OFFLINE="1")
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode:
         raise SystemExit(f"tune-distill: variant {name} failed; its log is above")
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return folder, time.perf_counter() - started, cpu
+    return folder, time.perf_counter() - started, cpu_seconds(own=False) - before
 
 
 def teacher_rate(folder: Path) -> float:

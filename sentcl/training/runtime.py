@@ -5,10 +5,23 @@ from __future__ import annotations
 
 import os
 import random
+import resource
 from typing import Any
 
 import numpy as np
 import torch
+
+
+def cpu_seconds(own: bool = True) -> float:
+    """User and system CPU seconds of this process's children that ended (encoding workers, a stage's process)
+    and, with ``own``, of this process: what a piece of work cost across every core it used."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    total = children.ru_utime + children.ru_stime
+    if own:
+        mine = resource.getrusage(resource.RUSAGE_SELF)
+        total += mine.ru_utime + mine.ru_stime
+    return total
+
 
 # --- distributed and device -----------------------------------------------------------------------------
 

@@ -39,6 +39,7 @@ from sentcl.model.encoder import resolve_model_path
 from sentcl.model.fast_encode import FastEncoder
 from sentcl.model.pooling import read_model_pooling
 from sentcl.training.data import TextChoiceError, limit_texts, transfer_texts
+from sentcl.training.runtime import cpu_seconds
 
 log = logging.getLogger(__name__)
 ScoredPairs = list[tuple[str, str, float]]
@@ -174,12 +175,6 @@ def domain_dev_scores(
 def none_record() -> T.TeacherVectors:
     """``teacher.model: none``: an empty record (distillation off)."""
     return T.TeacherVectors([], np.zeros((0, 0), np.float16), {"model": "none"})
-
-
-def cpu_seconds() -> float:
-    """User and system CPU seconds of this process and of its children that ended (the encoding workers)."""
-    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def encode(

@@ -530,7 +530,7 @@ def test_the_teacher_encodings_cpu_seconds_count_its_worker_processes():
     import subprocess
     import sys
 
-    from sentcl.training.teacher_run import cpu_seconds
+    from sentcl.training.runtime import cpu_seconds
 
     before = cpu_seconds()
     burn = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
