@@ -159,9 +159,12 @@ def run_stage(
     log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
     summary = {**(summary or {}), "trained": training_runs.training_facts(config, teacher)}
     checkpoints = Path(checkpoints_dir) / stage
-    encoder, trainer, result, metrics = training_runs.fit(
-        config, init, examples, dev_pairs, checkpoints, ROOT, domain_dev, max_task_drop, summary, teacher
-    )
+    try:
+        encoder, trainer, result, metrics = training_runs.fit(
+            config, init, examples, dev_pairs, checkpoints, ROOT, domain_dev, max_task_drop, summary, teacher
+        )
+    except ConfigError as exc:  # a setting the model itself refuses (train.freeze naming none of its layers)
+        fail(f"{params_label(params)}: {stage}: {exc}")
     if rank == 0:
         # What the evaluate stage splits the test pairs by (seen / unseen / mixed): never inside the model folder.
         sentences = training_data.example_sentences(examples)

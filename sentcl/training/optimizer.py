@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sentcl.training.config import TrainConfig
+from sentcl.training.config import ConfigError, TrainConfig
 
 # --- the optimizer of a run ------------------------------------------------------------------------------
 
@@ -20,20 +20,24 @@ from sentcl.training.config import TrainConfig
 def freeze(model: nn.Module, prefixes: tuple[str, ...]) -> int:
     """Leave every parameter of ``model`` whose name starts with one of ``prefixes`` untrained
     (``train.freeze``): ``requires_grad`` off, so autograd computes no gradient for it (a frozen embedding matrix
-    costs no backward at all) and the optimizer never holds it. A prefix that names no parameter is an error.
+    costs no backward at all) and the optimizer never holds it. A prefix that names no parameter, or prefixes
+    that leave no layer to train (a pooler the sentence vector never reads aside), are a ``ConfigError``.
     Returns how many parameters (elements) were frozen."""
     named = dict(model.named_parameters())
-    frozen = 0
+    kind = type(model).__name__
     for prefix in prefixes:
-        hits = [p for name, p in named.items() if name.startswith(prefix)]
-        if not hits:
-            raise ValueError(
-                f"freeze: {prefix!r} is the start of no parameter name of {type(model).__name__}"
-            )
-        for p in hits:
-            if p.requires_grad:
-                p.requires_grad_(False)
-                frozen += p.numel()
+        if not any(name.startswith(prefix) for name in named):
+            raise ConfigError(f"freeze: {prefix!r} is the start of no parameter name of {kind}")
+    hits = {name: p for name, p in named.items() if name.startswith(tuple(prefixes))}
+    if not any(
+        p.requires_grad for name, p in named.items() if name not in hits and not name.startswith("pooler.")
+    ):
+        raise ConfigError(f"freeze: {list(prefixes)} leaves nothing of {kind} to train")
+    frozen = 0
+    for p in hits.values():
+        if p.requires_grad:
+            p.requires_grad_(False)
+            frozen += p.numel()
     return frozen
 
 

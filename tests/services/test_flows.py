@@ -765,7 +765,7 @@ def test_a_better_teacher_is_distilled_and_the_result_reaches_the_gate(
     _distill_params(options, teacher, min_delta=0.0)
     params = yaml.safe_load(Path(options["params"]).read_text())
     params["registry"]["max_dev_drop"] = 100.0  # random tiny data: STS-B dev must not block the selection
-    params["retrain"]["transfer"] = {"distillation": {"steps": 4}}  # not the pipeline's transfer's steps
+    params["retrain"]["transfer"]["distillation"]["steps"] = 4  # not the pipeline's transfer's steps
     Path(options["params"]).write_text(yaml.safe_dump(params))
     encode = FastEncoder(teacher, backend="torch")
 
@@ -832,7 +832,8 @@ def test_without_domain_dev_selection_and_the_gate_judge_on_disjoint_held_out_pa
     # selection part 1.7 points better than the init (63.45 against 61.74): a candidate to gate.
     recipe = {"examples": "sentences", "group_weight": 1.0}
     distill = {"steps": 8, "eval_steps": 1, "lr": 2e-3, "batch_size": 16, "distill": recipe}
-    params["retrain"].update(heldout_share=0.5, transfer={"distillation": distill})
+    params["retrain"]["heldout_share"] = 0.5
+    params["retrain"]["transfer"]["distillation"].update(distill)  # the retrain's own recipe otherwise
     Path(options["params"]).write_text(yaml.safe_dump(params))
     raw = tmp_path / "raw"
     write_mini_senteval(raw)

@@ -39,7 +39,7 @@ def model_uri(tiny_model):
 
 def start_server(model_uri: str, tmp_path: Path, **serve: float) -> tuple[subprocess.Popen, int]:
     """The CLI on a free loopback port, with params.yaml's ``serve:`` section changed by ``serve``."""
-    params = read_params()
+    params = dict(read_params())  # a read-only mapping: the changed copy is this test's
     params["serve"] = {**params["serve"], **serve}
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump(params))

@@ -76,7 +76,10 @@ def test_without_dev_pairs_selection_and_the_gate_read_disjoint_parts_of_the_hel
     params["model"]["name"] = str(tiny_model)
     params["teacher"].update(model=str(make_tiny_teacher(tmp_path)), backend="torch")
     params["train"].update(eval_steps=1, device="cpu", bf16=False)
-    params["retrain"].update(heldout_share=0.4, transfer={"distillation": {"steps": 2, "eval_steps": 1}})
+    params["retrain"]["heldout_share"] = 0.4
+    params["retrain"]["transfer"]["distillation"].update(
+        steps=2, eval_steps=1
+    )  # every layer trains, as retrains do
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     settings = read_params(tmp_path / "params.yaml")
     sentences = tiny_sentences(60, seed=4)

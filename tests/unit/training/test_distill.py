@@ -51,7 +51,7 @@ def setup(tmp_path_factory):
     from sentcl.model.teacher import TeacherVectors
 
     tmp = tmp_path_factory.mktemp("distill")
-    student = make_tiny_encoder(tmp, "student", dropout=0.0, layers=2)  # every layer trains here
+    student = make_tiny_encoder(tmp, "student", dropout=0.0)  # 2 layers: every layer trains here
     teacher_folder = make_tiny_teacher(tmp)
     sentences = tiny_sentences(80, seed=3)
     vectors = FastEncoder(teacher_folder, backend="torch")(sentences)
@@ -621,3 +621,70 @@ def test_a_tiny_student_folder_is_read_with_mean_pooling(tmp_path):
     from sentcl.model import teacher as T
 
     assert T.folder_pooling(make_tiny_encoder(tmp_path)) == "last-avg"
+
+
+def test_the_pipelines_distillation_trains_only_what_params_yaml_leaves_unfrozen(setup, tmp_path):
+    """transfer@base as params.yaml states it (the freeze included), two steps on a 3-layer student: the
+    embeddings and layers 0-1 come out bit-identical, layer 2 moves."""
+    from dataclasses import replace
+
+    from sentcl.model.encoder import Encoder
+    from sentcl.training.objectives.distill import neighbour_groups
+    from sentcl.training.trainer import Trainer
+    from stages.common import load_params
+    from stages.transfer import transfer_config
+
+    _, teacher, sentences = setup
+    params = load_params()
+    config = transfer_config(
+        params, "base", {"objective": "distill", "steps": 2, "device": "cpu", "bf16": False}
+    )
+    assert config.freeze == ("embeddings", "encoder.layer.0", "encoder.layer.1")
+    config = replace(config, batch_size=4, lr=1e-2, warmup_ratio=0.0)  # big enough steps to see every move
+    student = make_tiny_encoder(tmp_path, "three", dropout=0.0, layers=3)
+    encoder = Encoder.from_pretrained(str(student))
+    before = {n: p.detach().clone() for n, p in encoder.model.named_parameters()}
+    groups = neighbour_groups(sentences, teacher, config.distill.neighbours)  # as the transfer stage draws them
+    trainer = Trainer(encoder, config, groups, [], progress=False, teacher=teacher)
+    for step in range(2):
+        trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
+    after = dict(encoder.model.named_parameters())
+    for name, value in before.items():
+        if name.startswith(config.freeze):
+            assert torch.equal(value, after[name]), name
+    moved = {n for n in before if n.startswith("encoder.layer.2.") and not torch.equal(before[n], after[n])}
+    assert (
+        "encoder.layer.2.attention.self.query.weight" in moved
+        and "encoder.layer.2.output.dense.weight" in moved
+    )
+
+
+def test_a_freeze_that_leaves_nothing_to_train_is_one_line_exit_2(tmp_path, capsys):
+    """The pipeline's freeze on a 2-layer model leaves no layer: the transfer stage says so before training."""
+    import yaml
+
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl.model.teacher import TeacherVectors
+    from stages import transfer
+    from tests.tiny import write_tiny_processed
+
+    student = make_tiny_encoder(tmp_path, "two", layers=2)
+    text = tiny_sentences(24, seed=5)
+    (tmp_path / "text.txt").write_text("\n".join(text) + "\n")
+    vectors = FastEncoder(make_tiny_teacher(tmp_path), backend="torch")(text)
+    TeacherVectors(text, vectors.astype(np.float16), {"model": "tiny"}).save(tmp_path / "teacher")
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    params["train"].update(device="cpu", bf16=False)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    args = ["--params", str(tmp_path / "params.yaml"), "--init", str(student), "--texts", str(tmp_path / "text.txt"),
+            "--output", str(tmp_path / "out"), "--stage", "t", "--objective", "distill",
+            "--metrics-dir", str(tmp_path / "metrics"), "--checkpoints-dir", str(tmp_path / "ckpt"),
+            "--processed", str(write_tiny_processed(tmp_path / "processed")),
+            "--teacher-vectors", str(tmp_path / "teacher")]  # fmt: skip
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        transfer.main(args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "leaves nothing of BertModel to train" in err.strip().splitlines()[-1], err
+    assert not (tmp_path / "out").exists()
