@@ -644,7 +644,8 @@ def test_the_pipelines_distillation_trains_only_what_params_yaml_leaves_unfrozen
     student = make_tiny_encoder(tmp_path, "three", dropout=0.0, layers=3)
     encoder = Encoder.from_pretrained(str(student))
     before = {n: p.detach().clone() for n, p in encoder.model.named_parameters()}
-    groups = neighbour_groups(sentences, teacher, config.distill.neighbours)  # as the transfer stage draws them
+    # groups of a sentence and its neighbours, as the transfer stage draws them
+    groups = neighbour_groups(sentences, teacher, config.distill.neighbours)
     trainer = Trainer(encoder, config, groups, [], progress=False, teacher=teacher)
     for step in range(2):
         trainer.train_step(trainer._rank_items(trainer.order.indices(step)), step + 1)
@@ -686,5 +687,6 @@ def test_a_freeze_that_leaves_nothing_to_train_is_one_line_exit_2(tmp_path, caps
         transfer.main(args)
     assert exc.value.code == 2
     err = capsys.readouterr().err
-    assert "Traceback" not in err and "leaves nothing of BertModel to train" in err.strip().splitlines()[-1], err
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "leaves nothing of BertModel to train" in last, err
     assert not (tmp_path / "out").exists()
