@@ -15,7 +15,7 @@ export MLFLOW_DISABLE_TELEMETRY = true
 export PREFECT_SERVER_ANALYTICS_ENABLED = false
 export HF_HUB_DISABLE_TELEMETRY = 1
 
-.PHONY: setup run register test test-all docs lint format bench-train bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
+.PHONY: setup run register test test-all docs lint format bench-train bench-teacher bench-gpu exp bench-eval bench-embed bench-domain analyses report serve stop clean
 
 setup: $(STAMP) .dvc/config
 
@@ -57,6 +57,10 @@ format: setup
 # Training throughput of the transfer loop (fp32 and bf16) against a plain Hugging Face fp32 loop, as ratios.
 bench-train: setup
 	$(PY) -m benchmarks.bench_train
+
+# The teacher's encoding settings (ONNX Runtime's fusions of its graph, workers against threads); needs dvc repro validate.
+bench-teacher: setup
+	$(PY) -m benchmarks.bench_teacher
 
 # One prepared run for a lent GPU: BERT-base in bf16 at a batch that fills the device, tokens/s, MFU against
 # GPU_ARGS="--peak-tflops N" (default H200, 989), NCCL, peak memory, evaluation; on a CPU, the bundled model.
