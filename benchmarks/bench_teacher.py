@@ -19,6 +19,7 @@ saying which won: the default unless one is.
 from __future__ import annotations
 
 import argparse
+import copy
 import random
 import statistics
 import tempfile
@@ -81,7 +82,6 @@ def main(argv: list[str] | None = None) -> None:
     sentences = pool[: args.sentences]
 
     one = FastEncoder(folder, pooling=pooling, threads=1, workers=1)
-    batches = list(one.batches(sentences))
     graphs = {"as the teacher stage exports it": one.onnx_path}
     with tempfile.TemporaryDirectory(prefix="sentcl-fused-") as scratch:
         heads, hidden = config.num_attention_heads, config.hidden_size
@@ -95,19 +95,13 @@ def main(argv: list[str] | None = None) -> None:
             fused.save_model_to_file(path)
             graphs[f"BERT fusions, level {level}"] = path
 
-        def run(session) -> Callable[[], np.ndarray]:
-            def encode() -> np.ndarray:
-                out = np.empty((len(sentences), 0), np.float32)
-                for rows, ids, mask in batches:
-                    part = session.run(None, {"input_ids": ids, "attention_mask": mask})[0]
-                    if out.shape[1] == 0:
-                        out = np.empty((len(sentences), part.shape[1]), np.float32)
-                    out[rows] = part
-                return out
+        def on_graph(path: str) -> Callable[[], np.ndarray]:
+            """The stage's own encoder (one thread, in this process) running ``path`` instead of its export."""
+            encoder = copy.copy(one)  # its tokenizer and batching; only the session differs
+            encoder.session = _ort_session(path, 1, spin=True)
+            return lambda: encoder(sentences)
 
-            return encode
-
-        sessions = {name: run(_ort_session(path, 1, spin=True)) for name, path in graphs.items()}
+        sessions = {name: on_graph(path) for name, path in graphs.items()}
         graph = compare("graph (one thread)", sessions, len(sentences), args.rounds)
 
     cores = cpu_threads()
