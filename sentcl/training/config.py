@@ -24,6 +24,7 @@ TRIPLET_OBJECTIVES = ("sup_simcse", "promptbert")
 # Presets that only make sense in some modes (their objective reads sentences).
 PRESET_MODES = {"promptbert": ("transfer",)}
 OPTIMIZERS = ("adamw", "consert")
+SCHEDULES = ("linear", "cosine", "constant")  # the lr's shape after the warm-up (sentcl.training.optimizer)
 
 
 class ConfigError(ValueError):
@@ -44,7 +45,11 @@ class TrainConfig:
     head_lr: float | None  # the NLI classifier's lr (None: lr)
     weight_decay: float
     init_decay: float  # decoupled pull toward the init's weights (L2-SP): p -= lr * init_decay * (p - p_init); 0 = off
-    warmup_ratio: float  # linear warm-up, then linear decay to zero at ``steps``
+    warmup_ratio: float  # share of the steps the lr warms up linearly over
+    schedule: (
+        str  # after the warm-up: linear (down to 0 at ``steps``) | cosine (half a cosine to 0) | constant
+    )
+    layer_lr_decay: float  # the top layer trains at lr, each layer below at this times the one above; 1 = off
     optimizer: str  # adamw (torch AdamW, decay on every parameter) | consert (sentence-transformers 0.3 fit)
     fused_optimizer: bool  # adamw: torch's fused kernel (one pass over each tensor) where the device has one
     freeze: tuple[
@@ -156,6 +161,13 @@ class TrainConfig:
         need(self.weight_decay >= 0, "weight_decay", "not negative")
         need(self.init_decay >= 0, "init_decay", "not negative (0 = off)")
         need(0 <= self.warmup_ratio <= 1, "warmup_ratio", "in [0, 1]")
+        need(self.schedule in SCHEDULES, "schedule", f"one of {', '.join(SCHEDULES)}")
+        need(0 < self.layer_lr_decay <= 1, "layer_lr_decay", "in (0, 1] (1 = off)")
+        need(
+            self.layer_lr_decay == 1 or not self.init_decay,
+            "layer_lr_decay",
+            "1 with init_decay (its pull runs at one lr)",
+        )
         need(self.optimizer in OPTIMIZERS, "optimizer", f"one of {', '.join(OPTIMIZERS)}")
         need(isinstance(self.fused_optimizer, bool), "fused_optimizer", "true or false")
         need(

@@ -1,11 +1,13 @@
-"""The optimizer a run trains with (``build_optimizer``): torch's AdamW with a linear warm-up and decay
-(``train.optimizer: adamw``) or ConSERT's (``consert``): sentence-transformers 0.3's parameter groups, transformers'
-linear schedule with warm-up, and transformers 3.x ``AdamW`` without bias correction. ``InitDecay``: L2-SP's pull
-toward the init weights."""
+"""The optimizer a run trains with (``build_optimizer``): torch's AdamW with a linear warm-up and a linear, cosine
+or constant lr after it (``train.optimizer: adamw``, ``train.schedule``) or ConSERT's (``consert``):
+sentence-transformers 0.3's parameter groups, transformers' linear schedule with warm-up, and transformers 3.x
+``AdamW`` without bias correction. ``train.layer_lr_decay``: layer-wise rates. ``InitDecay``: L2-SP's pull toward
+the init weights."""
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -51,7 +53,8 @@ def build_optimizer(
     # e.g. SimCSE's projection; TSDAE's decoder shares (ties) most of its weights with the encoder.
     owned = head_ids | {id(p) for p in encoder.parameters()}
     body = [p for p in objective.parameters() if id(p) not in owned]
-    groups = [{"params": [p for p in encoder.parameters() if p.requires_grad] + body, "lr": config.lr}]
+    groups = layer_groups(encoder, config.lr, config.layer_lr_decay)
+    groups[0]["params"] += body
     if heads:
         groups.append({"params": heads, "lr": config.lr if config.head_lr is None else config.head_lr})
     params = [p for group in groups for p in group["params"]]
@@ -59,7 +62,7 @@ def build_optimizer(
         names = {id(p): n for n, p in [*encoder.named_parameters(), *objective.named_parameters()]}
         groups = consert_param_groups(groups, names, config.weight_decay)
         optimizer = BertAdamW(groups, lr=config.lr)
-        schedule = consert_schedule(config.steps, config.warmup_ratio)
+        schedule = consert_schedule(config.steps, config.warmup_ratio, config.schedule)
     else:
         fused = {"fused": True} if config.fused_optimizer else {}
         optimizer = torch.optim.AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, **fused)
@@ -68,9 +71,48 @@ def build_optimizer(
         def schedule(step: int) -> float:
             if step < warmup:
                 return (step + 1) / (warmup + 1)
-            return max(0.0, (config.steps - step) / max(1, config.steps - warmup))
+            return after_warmup(config.schedule, step, warmup, config.steps)
 
     return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule), params
+
+
+def after_warmup(shape: str, step: int, warmup: int, steps: int) -> float:
+    """The lr's factor at ``step`` once the warm-up is over: ``linear`` from 1 down to 0 at ``steps``, ``cosine``
+    half a cosine from 1 to 0 at ``steps`` (transformers ``get_cosine_schedule_with_warmup``), ``constant`` 1."""
+    if shape == "constant":
+        return 1.0
+    if shape == "cosine":
+        progress = (step - warmup) / max(1, steps - warmup)
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+    return max(0.0, (steps - step) / max(1, steps - warmup))
+
+
+# A numbered layer of a transformer's stack in a parameter's name: BERT's ``encoder.layer.3.``, ``layers.3.``.
+LAYER_NAME = re.compile(r"(?:^|\.)layers?\.(\d+)\.")
+EMBEDDINGS_NAME = re.compile(r"(?:^|\.)embeddings\.")
+
+
+def layer_groups(encoder: nn.Module, lr: float, decay: float) -> list[dict[str, Any]]:
+    """The encoder's trainable parameters as optimizer groups, the first at ``lr``. With ``decay`` below 1
+    (``train.layer_lr_decay``, ELECTRA's layer-wise rates, Clark et al. 2020), layer ``i`` of ``n`` trains at
+    ``lr * decay ** (n - 1 - i)`` and the embeddings at ``lr * decay ** n``: the top layer at ``lr`` (ELECTRA's
+    ``_get_layer_lrs`` gives its task head ``lr`` and the top layer ``decay ** 2``; a sentence vector has no head
+    above the top layer); everything else (a pooler, a head) at ``lr``."""
+    named = list(encoder.named_parameters())
+    trained = [(name, p) for name, p in named if p.requires_grad]
+    if decay == 1:
+        return [{"params": [p for _, p in trained], "lr": lr}]
+    layers = {int(m.group(1)) for name, _ in named if (m := LAYER_NAME.search(name))}
+    if not layers:
+        raise ConfigError(f"layer_lr_decay: {type(encoder).__name__} has no numbered layers (layer.N.)")
+    count = max(layers) + 1
+    depth: dict[int, list[nn.Parameter]] = {}
+    for name, p in trained:
+        layer = LAYER_NAME.search(name)
+        below = count - 1 - int(layer.group(1)) if layer else count if EMBEDDINGS_NAME.search(name) else 0
+        depth.setdefault(below, []).append(p)
+    depth.setdefault(0, [])
+    return [{"params": depth[d], "lr": lr * decay**d} for d in sorted(depth)]
 
 
 class InitDecay:
@@ -114,16 +156,17 @@ def consert_param_groups(
     return out
 
 
-def consert_schedule(steps: int, warmup_ratio: float) -> Callable[[int], float]:
+def consert_schedule(steps: int, warmup_ratio: float, shape: str = "linear") -> Callable[[int], float]:
     """transformers ``get_linear_schedule_with_warmup`` (ConSERT ``transformers/optimization.py``): from 0 up to
     the lr over ``warmup`` steps, then down to 0 at ``steps``; the first step runs at lr 0. ConSERT's main.py
-    takes ``warmup = ceil(0.1 * len(dataset) * epochs / batch)``: here ``ceil(warmup_ratio * steps)``."""
+    takes ``warmup = ceil(0.1 * len(dataset) * epochs / batch)``: here ``ceil(warmup_ratio * steps)``. Another
+    ``shape`` (``train.schedule``) replaces the part after the warm-up."""
     warmup = math.ceil(round(warmup_ratio * steps, 6))
 
     def lr_lambda(current_step: int) -> float:
         if current_step < warmup:
             return float(current_step) / float(max(1, warmup))
-        return max(0.0, float(steps - current_step) / float(max(1, steps - warmup)))
+        return after_warmup(shape, current_step, warmup, steps)
 
     return lr_lambda
 

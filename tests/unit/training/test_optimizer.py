@@ -64,3 +64,60 @@ def test_the_fused_kernel_makes_the_default_adamw_update(still_model):
     assert len(moved) > len(plain) - 3  # all but the unused pooler
     for name, value in plain.items():
         torch.testing.assert_close(fused[name], value, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("shape", ["linear", "cosine", "constant"])
+@pytest.mark.parametrize("optimizer", ["adamw", "consert"])
+def test_after_the_warm_up_the_lr_follows_transformers_schedule_of_that_shape(still_model, shape, optimizer):
+    """transformers' own schedules are the independent reading: past the warm-up, each step's lr factor equals
+    theirs (the warm-ups differ by design: adamw's first step is not at lr 0)."""
+    from transformers import (
+        get_constant_schedule_with_warmup,
+        get_cosine_schedule_with_warmup,
+        get_linear_schedule_with_warmup,
+    )
+
+    steps = 40
+    encoder = Encoder.from_pretrained(str(still_model))
+    config = train_config(steps=steps, batch_size=8, warmup_ratio=0.1, schedule=shape, optimizer=optimizer)
+    ours = Trainer(encoder, config, TEXTS, DEV, progress=False).scheduler.lr_lambdas[0]
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    theirs = {
+        "linear": get_linear_schedule_with_warmup(dummy, 4, steps),
+        "cosine": get_cosine_schedule_with_warmup(dummy, 4, steps),
+        "constant": get_constant_schedule_with_warmup(dummy, 4),
+    }[shape].lr_lambdas[0]
+    assert [ours(s) for s in range(4, steps + 1)] == pytest.approx([theirs(s) for s in range(4, steps + 1)])
+    assert ours(steps - 1) < 0.2 if shape != "constant" else ours(steps - 1) == 1.0
+
+
+def test_layer_wise_rates_move_each_layer_by_its_own_lr(still_model):
+    """Adam's first update moves each weight by about its group's lr (the gradient over its own size): the
+    top layer by lr, the layer below by lr * decay, the embeddings by lr * decay ** 2 (2 layers)."""
+    lr, decay = 1e-2, 0.5
+    before, after, _ = trained(still_model, steps=1, layer_lr_decay=decay)
+
+    def moved(prefix: str) -> float:
+        return max((after[n] - before[n]).abs().max().item() for n in before if n.startswith(prefix))
+
+    assert moved("encoder.layer.1.") == pytest.approx(lr, rel=0.02)
+    assert moved("encoder.layer.0.") == pytest.approx(lr * decay, rel=0.02)
+    assert moved("embeddings.") == pytest.approx(lr * decay**2, rel=0.02)
+    _, flat, _ = trained(still_model, steps=1)
+    assert max((flat[n] - before[n]).abs().max().item() for n in before if n.startswith("embeddings.")) == (
+        pytest.approx(lr, rel=0.02)
+    )
+
+
+def test_layer_wise_rates_need_numbered_layers_and_a_decay_in_range():
+    from sentcl.training.optimizer import layer_groups
+
+    with pytest.raises(ConfigError, match="layer_lr_decay: Linear has no numbered layers"):
+        layer_groups(torch.nn.Linear(2, 2), 1e-3, 0.5)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ConfigError, match=r"layer_lr_decay: in \(0, 1\]"):
+            replace(train_config(), layer_lr_decay=bad)
+    with pytest.raises(ConfigError, match="schedule: one of linear, cosine, constant"):
+        replace(train_config(), schedule="step")
+    with pytest.raises(ConfigError, match="layer_lr_decay: 1 with init_decay"):
+        replace(train_config(), layer_lr_decay=0.8, init_decay=0.1)
