@@ -17,11 +17,14 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
 
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     overlay = params["retrain"]["transfer"]["distillation"]["steps"]
-    # the whole domain text (the pipeline samples its own), a nightly budget of steps, every layer trained
+    # the whole domain text (the pipeline samples its own), a nightly budget of steps, every layer trained at
+    # one rate (as the nightly path was measured)
     assert retrain_overrides(params) == [
         'transfer.max_texts="all"',
         f"transfer.distillation.steps={overlay}",
         "transfer.distillation.freeze=[]",
+        "transfer.distillation.lr=0.0002",
+        "transfer.distillation.layer_lr_decay=1.0",
     ]
     retrain = apply_overrides(params, retrain_overrides(params))
     steps = {
@@ -37,6 +40,9 @@ def test_a_retrain_distill_run_trains_retrain_transfer_steps_and_the_other_objec
     # the pipeline's distillation leaves its bottom layers untrained; a retrain trains every layer
     assert transfer_config(params, "base", {"objective": "distill"}).freeze
     assert transfer_config(retrain, "base", {"objective": "distill"}).freeze == ()
+    pipeline = transfer_config(params, "base", {"objective": "distill"})
+    nightly = transfer_config(retrain, "base", {"objective": "distill"})
+    assert pipeline.layer_lr_decay < 1 and (nightly.layer_lr_decay, nightly.lr) == (1.0, 2e-4)
     for bad in (0, 2.5, True, "600"):
         bad_params = {
             **params,
@@ -70,6 +76,8 @@ def test_retrain_config_is_read_once_from_retrain_and_a_bad_value_names_its_key(
         'transfer.max_texts="all"',
         "transfer.distillation.steps=600",
         "transfer.distillation.freeze=[]",
+        "transfer.distillation.lr=0.0002",
+        "transfer.distillation.layer_lr_decay=1.0",
     )
     assert RetrainConfig.from_params(params, "tsdae+contrastive").objectives == ("tsdae", "contrastive")
     assert RetrainConfig.from_params(params, "tsdae").teacher is None

@@ -56,6 +56,8 @@ def test_a_labelled_distill_retrain_checks_the_teacher_and_selects_on_the_dev_pa
         'transfer.max_texts="all"',
         "transfer.distillation.steps=600",
         "transfer.distillation.freeze=[]",
+        "transfer.distillation.lr=0.0002",
+        "transfer.distillation.layer_lr_decay=1.0",
     ]
     assert got["--domain-dev"] == [str(tmp_path / "dev.tsv")] and got["--student"] == ["/m/init"]
     assert "--heldout" not in got and "--heldout-gate" not in got and "--processed" not in got
