@@ -57,7 +57,7 @@ def compare(title: str, variants: dict[str, Callable[[], np.ndarray]], count: in
             f"{name:44s} {rates[name]:7.1f} sentences/s  x{rates[name] / rates[default]:.3f}  "
             f"rounds {', '.join(f'{t:.1f}' for t in times)} s  max |diff| {gap:.1e}"
         )
-        if gap > EXPORT_TOLERANCE or max(times) >= min(seconds[default]) and name != default:
+        if gap > EXPORT_TOLERANCE or (name != default and max(times) >= min(seconds[default])):
             rates[name] = 0.0  # lossy, or not faster beyond the spread: never the winner
     return max(rates, key=rates.get)
 
