@@ -211,13 +211,15 @@ def test_offline_without_a_mirror_fails_at_once_with_one_sentence(tmp_path):
     assert len(lines) == 1 and "SENTEVAL_MIRROR" in lines[0] and "127.0.0.1:9" in lines[0]
 
 
-def test_full_nli_without_network_fails_instead_of_falling_back(tmp_path):
+def test_full_nli_without_network_fails_instead_of_falling_back(tmp_path, monkeypatch):
+    monkeypatch.delenv("SENTEVAL_MIRROR", raising=False)  # the environment would win over data.mirror
     with pytest.raises(fetching.FetchError, match="snli_1.0.zip"):
         fetch_stage.fetch(config(mirror=str(MIRROR), full_nli=True), tmp_path / "raw")
     assert not (tmp_path / "raw").exists()
 
 
-def test_empty_mirror_folder_is_refused_and_keeps_the_previous_data(tmp_path):
+def test_empty_mirror_folder_is_refused_and_keeps_the_previous_data(tmp_path, monkeypatch):
+    monkeypatch.delenv("SENTEVAL_MIRROR", raising=False)  # the environment would win over data.mirror
     out = tmp_path / "raw"
     out.mkdir()
     (out / "keep.txt").write_text("earlier")
