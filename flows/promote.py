@@ -150,9 +150,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--domain-dev", help="scored pairs (s1<TAB>s2<TAB>score): the gate scores both models on them too"
     )
+    parser.add_argument(
+        "--allow-pipeline-change",
+        action="store_true",
+        help="promote a candidate whose served pipeline (modules, vector size, normalisation) differs from the "
+        "champion's, on its scores; needs --by NAME; in-process only (no PREFECT_API_URL)",
+    )
     args = parser.parse_args(argv)
     if args.force and not args.by:
         print("promote: --force needs the name of the person forcing it: --by NAME", file=sys.stderr)
+        return 2
+    if args.allow_pipeline_change and (not args.by or os.environ.get("PREFECT_API_URL")):
+        print(
+            "promote: --allow-pipeline-change needs --by NAME and an in-process run (unset PREFECT_API_URL)",
+            file=sys.stderr,
+        )
         return 2
     orchestrated = bool(os.environ.get("PREFECT_API_URL"))
     from mlflow.exceptions import MlflowException
@@ -170,7 +182,15 @@ def main(argv: list[str] | None = None) -> int:
             _run_flow(_promote_cli_flow(*flow_args, return_state=True))
         else:
             dev = _dev_files(args.processed, args.domain_dev)
-            promote(args.model, version=args.version, actor=args.by, force=args.force, **dev)
+            allow = args.allow_pipeline_change
+            promote(
+                args.model,
+                version=args.version,
+                actor=args.by,
+                force=args.force,
+                allow_pipeline_change=allow,
+                **dev,
+            )
 
     with cli_errors("promote"):
         try:

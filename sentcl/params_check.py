@@ -26,6 +26,7 @@ SECTIONS = (
     "evaluate",
     "export",
     "registry",
+    "gate",
     "flows",
     "tracking",
     "serve",

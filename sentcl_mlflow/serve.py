@@ -127,6 +127,8 @@ def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[
             payload = json.loads(body or b"null")
         except ValueError as e:
             raise Refusal(400, "MALFORMED_REQUEST", f"the body is not JSON ({e})") from None
+        except RecursionError:  # "[[[[..." nested past Python's stack: json.loads gives up this way
+            raise Refusal(400, "MALFORMED_REQUEST", "the body is JSON nested too deeply to read") from None
         cells = _cells(payload) if isinstance(payload, dict) else None
         if cells is None:
             raise Refusal(
@@ -265,6 +267,10 @@ def build_app(model_dir: Path, limits: ServeLimits | None = None):  # noqa: ANN2
             )
         except MlflowException as e:  # the model's own refusal (a missing sentence, a bad backend)
             return refused(e.get_http_status_code(), str(e.error_code), e.message.splitlines()[0])
+        except Exception as e:  # anything else: still one line of JSON, never a plain-text traceback
+            return refused(
+                500, "INTERNAL_ERROR", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            )
         return JSONResponse({"predictions": vectors})
 
     return app

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from sentcl.digest import file_sha256
-from sentcl.params import ParamsError, read_section, real_number, text
+from sentcl.params import ParamsError, read_section, real_number, text, whole_number
 
 # (stsb_dev, {dev guard: spearman}, domain spearman or None), all Spearman x 100. Only dev splits: the seven test
 # tasks are reported (tag sts_all) and never read by the gate, so they play no part in model selection.
@@ -71,6 +71,65 @@ class GateConfig:
                 f"experiment_model_name ({values['candidate_model_name']!r}): the registrar would edit it"
             )
         return cls(**values)
+
+
+@dataclass(frozen=True)
+class GateLimits:
+    """params.yaml ``gate:``: how much the gate reads of what others wrote (the dev pairs table, a candidate's
+    domain pairs, a model's files). Larger: refused in one line before it is read."""
+
+    max_pairs_table_mb: float  # the validate stage's pairs.parquet
+    max_domain_mb: float  # a candidate's domain dev pairs file
+    max_domain_pairs: int  # rows of that file
+    max_model_mb: float  # every file of one model version together
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], section: str = "gate") -> GateLimits:
+        raw = read_section(params, section, [f.name for f in dataclasses.fields(cls)])
+        values: dict[str, Any] = {
+            name: real_number(raw[name], f"{section}.{name}", above=0)
+            for name in ("max_pairs_table_mb", "max_domain_mb", "max_model_mb")
+        }
+        values["max_domain_pairs"] = whole_number(
+            raw["max_domain_pairs"], f"{section}.max_domain_pairs", minimum=1
+        )
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class PipelineShape:
+    """What production serves, as the gate loaded it: the modules in order (``modules.json`` types, and the
+    sentcl pooling a folder carries), the size of a vector, and whether vectors come out at unit length."""
+
+    modules: tuple[str, ...]
+    dimension: int
+    normalized: bool
+
+    def describe(self) -> str:
+        names = " > ".join(m.rpartition(".")[2] for m in self.modules)
+        return f"{names} ({self.dimension}-d, {'unit length' if self.normalized else 'not normalised'})"
+
+
+def pipeline_change(candidate: PipelineShape | None, champion: PipelineShape | None) -> str | None:
+    """Why the candidate serves a different kind of pipeline from the champion (other modules, another vector size,
+    normalised or not), or None when it is the same kind (or either is unknown: no champion, a caller's own
+    scorer on a folder that does not load). Callers of the served model
+    rely on these: a change is a refusal unless an operator allows it (``promote --allow-pipeline-change``)."""
+    if candidate is None or champion is None or candidate == champion:
+        return None
+    parts = []
+    if candidate.modules != champion.modules:
+        parts.append("its modules differ")
+    if candidate.dimension != champion.dimension:
+        parts.append(f"its vectors have {candidate.dimension} dimensions, not {champion.dimension}")
+    if candidate.normalized != champion.normalized:
+        parts.append(
+            "it normalises its vectors" if candidate.normalized else "it does not normalise its vectors"
+        )
+    return (
+        f"the served pipeline changes ({'; '.join(parts)}): {candidate.describe()} against the champion's "
+        f"{champion.describe()}; promote it only with --allow-pipeline-change"
+    )
 
 
 # --------------------------------------------------------------------------------------------- scores
@@ -233,6 +292,8 @@ def gate_decision(
     c_stsb, c_table, c_domain = challenger
     if c_stsb is None:
         return False, ["challenger has no stsb_dev score"]
+    if math.isnan(c_stsb):  # every pair at the same similarity: the model ranks nothing
+        return False, ["challenger's stsb_dev is undefined (its similarities are constant)"]
     if champion is None:
         return True, [f"no champion yet: the first model becomes champion (stsb_dev {c_stsb:.2f})"]
     k_stsb, k_table, k_domain = champion

@@ -43,7 +43,7 @@ def download_model(model_uri: str, dest: Path) -> Path:
     return st_folder_in(download_verified(model_uri, dest))
 
 
-def download_verified(model_uri: str, dest: Path) -> Path:
+def download_verified(model_uri: str, dest: Path, max_bytes: int | None = None) -> Path:
     """The whole logged model of ``model_uri``, downloaded into a fresh folder under ``dest``. For a registered
     version: every file must match the manifest recorded at registration (``sentcl.manifest``: weights,
     tokenizer, MLmodel, the serving code), else :class:`ModelTamperedError`; a version registered before
@@ -66,6 +66,12 @@ def download_verified(model_uri: str, dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     fresh = Path(tempfile.mkdtemp(prefix="model-", dir=dest))
     root = Path(mlflow.artifacts.download_artifacts(model_uri, dst_path=str(fresh)))
+    if max_bytes is not None:
+        total = sum(p.lstat().st_size for p in root.rglob("*") if not p.is_dir())
+        if total > max_bytes:
+            raise OverflowError(
+                f"its files hold {total / 2**20:.0f} MiB, more than gate.max_model_mb ({max_bytes / 2**20:g} MiB)"
+            )
     if (
         manifest is not None
     ):  # Python's cache counts as its source's compile or not at all (as a load checks it)

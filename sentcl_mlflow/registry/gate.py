@@ -15,6 +15,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +26,10 @@ from sentcl.registry.rules import (
     TAG_STATE,
     TAG_WEIGHTS,
     GateConfig,
+    GateLimits,
     gate_decision,
     gate_score_tags,
+    pipeline_change,
     promotion_blocked,
     scores_text,
     version_weights,
@@ -68,7 +71,7 @@ def _who(identity: str, note: str | None) -> str:
 
 
 def _scorer(
-    params: Mapping[str, Any] | None,
+    limits: GateLimits,
     dev_pairs: Path | str | None,
     domain_dev: Path | str | None,
     scorer: Scorer | None,
@@ -79,11 +82,36 @@ def _scorer(
     def make() -> Scorer:
         if scorer is not None:
             return scorer
-        dev = DevSets.load(dev_pairs, domain_dev)
+        dev = DevSets.load(dev_pairs, domain_dev, limits)
         print(f"gate: scoring on {dev.describe()} ({dev.source})")
-        return dev_scorer(dev, params if params is not None else process_params())
+        return dev_scorer(dev)
 
     return make
+
+
+@dataclass(frozen=True)
+class Judgment:
+    """One run of the gate: which version of which model, against the champion of ``name``, by whom, what
+    scores it, and what the caller allows. ``source``: the registered model the candidate lives in when it is not
+    ``name`` (the gate process judges the candidates model's versions). ``domain_counts``: the domain pairs decide
+    (an operator's, or approved ones) or only inform (a registrant's own, not approved)."""
+
+    name: str
+    version: str | None
+    config: GateConfig
+    limits: GateLimits
+    caller: tuple[str, str | None]  # the authenticated account, the caller's unverified --by note or None
+    make_scorer: Callable[[], Scorer]
+    lease: Lease | None = None
+    source: str | None = None
+    forced: bool = False
+    in_registration: bool = False
+    domain_counts: bool = True
+    allow_pipeline_change: bool = False
+
+
+def _params(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return params if params is not None else process_params()
 
 
 def register_candidate(
@@ -130,6 +158,7 @@ def register_and_gate(
     ``dev_pairs`` (default the validate stage's ``data/processed/pairs.parquet``) and on ``domain_dev`` (scored
     pairs of the domain a retrain brought), never on the score tags of the registration."""
     config = gate_config(params)
+    limits = GateLimits.from_params(_params(params))
     name = name or target_model_name(config)
     mlc = client()
     with promotion_lock(name, mlc=mlc) as lease:
@@ -140,10 +169,17 @@ def register_and_gate(
         )
         result: dict[str, Any] = {"model": name, "version": version, "created": created}
         if gate:
-            make_scorer = _scorer(params, dev_pairs, domain_dev, scorer)
-            result["gate"] = _gate_locked(
-                mlc, name, version, config, (caller_identity(), _note(actor)), make_scorer, False, True, lease
+            job = Judgment(
+                name,
+                version,
+                config,
+                limits,
+                (caller_identity(), _note(actor)),
+                _scorer(limits, dev_pairs, domain_dev, scorer),
+                lease=lease,
+                in_registration=True,
             )
+            result["gate"] = _gate_locked(mlc, job)
         if created:
             mlc.set_model_version_tag(name, version, TAG_STATE, READY)
     if "gate" in result:
@@ -160,38 +196,34 @@ def judge_candidate(
     params: Mapping[str, Any] | None,
     dev_pairs: Path | str | None = None,
     domain_dev: Path | str | None = None,
+    domain_counts: bool = True,
 ) -> dict[str, Any]:
     """The gate process's gate (``gatekeeper.judge``): ``source`` version ``version`` (a version of the
     candidates model) against the champion of ``config.model_name``, under ``lease``, that model's promotion
     lease, which the caller holds. As ``promote`` gates, and: the candidate's weights tag must name its
     verified files; on "promoted" the gate registers its own upload of the files it scored as a version of
     ``config.model_name`` (``owned.register_owned``), verifies it and sets ``champion`` there; the verdict is
-    tagged on the candidate."""
-    make_scorer = _scorer(params, dev_pairs, domain_dev, None)
-    caller = (caller_identity(), None)
-    return _gate_locked(
-        mlc, config.model_name, version, config, caller, make_scorer, False, False, lease, source
+    tagged on the candidate. ``domain_counts`` False: its domain pairs are scored and reported, never decide."""
+    limits = GateLimits.from_params(_params(params))
+    job = Judgment(
+        config.model_name,
+        version,
+        config,
+        limits,
+        (caller_identity(), None),
+        _scorer(limits, dev_pairs, domain_dev, None),
+        lease=lease,
+        source=source,
+        domain_counts=domain_counts,
     )
+    return _gate_locked(mlc, job)
 
 
-def _gate_locked(
-    mlc: MlflowClient,
-    name: str,
-    version: str | None,
-    config: GateConfig,
-    caller: tuple[str, str | None],
-    make_scorer: Callable[[], Scorer],
-    forced: bool,
-    in_registration: bool,
-    lease: Lease | None = None,
-    source: str | None = None,
-) -> dict[str, Any]:
-    """``caller``: (the authenticated account, the caller's unverified ``--by`` note or None). ``source``: the
-    registered model the candidate lives in when it is not ``name`` (the gate process judges the candidates
-    model's versions): on promotion the gate's own upload of the files it scored becomes a version of ``name``,
-    verified, and ``champion`` is set there."""
+def _gate_locked(mlc: MlflowClient, job: Judgment) -> dict[str, Any]:
+    """``job`` under its lease: on promotion of another model's version (``job.source``) the gate's own upload of
+    the files it scored becomes a version of ``job.name``, verified, and ``champion`` is set there."""
     started = time.time()
-    source = source or name
+    source, version = job.source or job.name, job.version
     cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
     if cand is None:
         raise LookupError(f"no {CHALLENGER!r} version of {source!r} to gate; run the export stage first")
@@ -202,40 +234,20 @@ def _gate_locked(
         # (on promotion) the production version. A version the gate refused already stays refused.
         owned = None
         if (cand.tags or {}).get(TAG_STATE) != REFUSED:
-            owned = own_download(mlc, source, cand, Path(tmp), weights_tag=source != name)
-        return _decide(
-            mlc,
-            name,
-            source,
-            cand,
-            owned,
-            config,
-            caller,
-            make_scorer,
-            forced,
-            in_registration,
-            lease,
-            started,
-        )
+            owned = own_download(
+                mlc, source, cand, Path(tmp), weights_tag=source != job.name, limits=job.limits
+            )
+        return _decide(mlc, job, cand, owned, started)
 
 
 def _decide(
-    mlc: MlflowClient,
-    name: str,
-    source: str,
-    cand: Any,
-    owned: Owned | None,
-    config: GateConfig,
-    caller: tuple[str, str | None],
-    make_scorer: Callable[[], Scorer],
-    forced: bool,
-    in_registration: bool,
-    lease: Lease | None,
-    started: float,
+    mlc: MlflowClient, job: Judgment, cand: Any, owned: Owned | None, started: float
 ) -> dict[str, Any]:
     """``_gate_locked`` once the gate holds its own verified copy of the candidate (``owned``; None: it was
     refused before). Its weights are the ones the gate hashed from that copy, never a tag's."""
-    identity, note = caller
+    name, source, config, lease = job.name, job.source or job.name, job.config, job.lease
+    forced, in_registration = job.forced, job.in_registration
+    identity, note = job.caller
     forced_by = _who(identity, note) if forced else None
     tags = dict(cand.tags or {})
     if owned is not None and owned.weights:
@@ -274,11 +286,26 @@ def _decide(
         # Downloaded and verified (a tampered file: refused, one line, nothing moves), then scored by the gate
         # itself, both on the same pairs: a domain score counts only when a domain dev file was given.
         versions = [cand] + ([champ] if champ is not None else [])
-        measured = measure(mlc, name, versions, make_scorer(), verified=[owned.root if owned else None])
-        cand_scores = measured[0]
-        champ_scores = measured[1] if champ is not None else None
-        promoted, reasons = gate_decision(cand_scores, champ_scores, config)
+        measured = measure(
+            mlc, name, versions, job.make_scorer(), [owned.root if owned else None], job.limits
+        )
+        cand_scores, cand_shape = measured[0]
+        champ_scores, champ_shape = measured[1] if champ is not None else (None, None)
+        promoted, reasons = gate_decision(cand_scores, champ_scores, config, use_domain=job.domain_counts)
+        if not job.domain_counts and cand_scores[2] is not None:
+            reasons.append(
+                "its domain dev pairs are the registrant's own, not approved by an operator: reported, never "
+                "counted (sentcl_mlflow.registry.evidence)"
+            )
+        changed = pipeline_change(cand_shape, champ_shape)
+        if changed and job.allow_pipeline_change:
+            reasons.append(f"{changed.split('; promote it only')[0]}: allowed by {_who(identity, note)}")
+        elif changed:
+            promoted = False
+            reasons.append(changed)
         measured_tags = gate_score_tags(cand_scores)
+        if cand_shape is not None:
+            measured_tags["gate.pipeline"] = cand_shape.describe()
         own = f"the gate's scores: version {cand.version} {scores_text(cand_scores)}"
         if champ_scores is not None:
             measured_tags.update(gate_score_tags(champ_scores, "gate.champion_"))
@@ -351,6 +378,7 @@ def promote(
     force: bool = False,
     dev_pairs: Path | str | None = None,
     scorer: Scorer | None = None,
+    allow_pipeline_change: bool = False,
 ) -> dict[str, Any]:
     """Run the gate on ``version`` (default: the ``challenger`` alias) against ``champion``; print and tag.
 
@@ -359,17 +387,31 @@ def promote(
     (default data/processed/pairs.parquet) and ``domain_dev`` (a domain's scored pairs, when given).
     ``force`` (with a named ``actor``) lifts the rolled-back block, never the score rules nor a refusal.
     ``actor`` (``--by``) is recorded as a note (``gate.by_note``); who promoted is the authenticated account
-    (``gate.by``, ``gate.forced_by``). ``scorer`` replaces the dev-set scoring (Python callers only)."""
+    (``gate.by``, ``gate.forced_by``). ``scorer`` replaces the dev-set scoring (Python callers only).
+    ``allow_pipeline_change`` (with a named ``actor``) lets a candidate whose served pipeline differs from the
+    champion's (modules, vector size, normalisation) be promoted on its scores."""
     if force and not actor:
         raise ValueError("--force needs the name of the person forcing it (--by NAME)")
+    if allow_pipeline_change and not actor:
+        raise ValueError("--allow-pipeline-change needs the name of the person allowing it (--by NAME)")
     config = gate_config(params)
+    limits = GateLimits.from_params(_params(params))
     name = name or config.model_name
     mlc = client()
     with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
-        caller = (caller_identity(), _note(actor))
-        make_scorer = _scorer(params, dev_pairs, domain_dev, scorer)
-        result = _gate_locked(mlc, name, version, config, caller, make_scorer, force, False, lease)
+        job = Judgment(
+            name,
+            version,
+            config,
+            limits,
+            (caller_identity(), _note(actor)),
+            _scorer(limits, dev_pairs, domain_dev, scorer),
+            lease=lease,
+            forced=force,
+            allow_pipeline_change=allow_pipeline_change,
+        )
+        result = _gate_locked(mlc, job)
     print(format_decision(result))
     return result
 

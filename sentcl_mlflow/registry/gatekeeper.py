@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE
+from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, GateLimits
 from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
 from sentcl_mlflow.registry.names import READY
 
@@ -95,38 +95,55 @@ def pending(mlc: MlflowClient, source: str) -> list[str]:
     return sorted(found, key=int)
 
 
-def _domain_dev(mlc: MlflowClient, source: str, version: Any, dest: Path) -> Path | None:
-    """The candidate's domain dev pairs, downloaded from its run and checked against the digest recorded at
-    registration (the shared experiment is editable by teammates: a changed file is a refusal)."""
+def _domain_dev(
+    mlc: MlflowClient, source: str, version: Any, dest: Path, limits: GateLimits
+) -> tuple[Path, str] | None:
+    """The candidate's domain dev pairs and their sha256, downloaded from its run and checked against the digest
+    recorded at registration (the shared experiment is editable by teammates: a changed file is a refusal), and
+    against params ``gate:`` (a file past ``max_domain_mb`` or ``max_domain_pairs`` is a refusal, unread)."""
     import mlflow
 
-    from sentcl_mlflow.registry.measure import refuse
+    from sentcl_mlflow.registry.measure import MB, refuse
 
     raw = (version.tags or {}).get(TAG_GATE_INPUTS)
     if not raw:
         return None
+    reason = None
     try:
         entry = json.loads(raw)["domain_dev"]
         path = mlflow.artifacts.download_artifacts(
             run_id=version.run_id, artifact_path=entry["path"], dst_path=str(dest)
         )
-        ok = hashlib.sha256(Path(path).read_bytes()).hexdigest() == entry["sha256"]
+        size = Path(path).stat().st_size
+        if size > limits.max_domain_mb * MB:
+            reason = (
+                f"its domain dev pairs hold {size / MB:.1f} MiB, more than gate.max_domain_mb "
+                f"({limits.max_domain_mb:g} MiB)"
+            )
+        else:
+            data = Path(path).read_bytes()
+            digest = hashlib.sha256(data).hexdigest()
+            rows = sum(1 for line in data.splitlines() if line.strip())
+            if digest != entry["sha256"]:
+                reason = f"its domain dev pairs {path} differ from those recorded at registration"
+            elif rows > limits.max_domain_pairs:
+                reason = f"its domain dev pairs hold {rows} lines, more than gate.max_domain_pairs ({limits.max_domain_pairs})"
     except (ValueError, KeyError, TypeError, OSError) as e:
-        ok, path = False, f"unreadable ({type(e).__name__})"
-    if not ok:
-        reason = f"its domain dev pairs {path} differ from those recorded at registration"
+        reason = f"its domain dev pairs are unreadable ({type(e).__name__})"
+    if reason is not None:
         refuse(mlc, source, str(version.version), reason)
         raise GateRefusedError(
             f"gate refused {source} version {version.version}: {reason}; champion not moved"
         )
-    return Path(path)
+    return Path(path), digest
 
 
-def read_regular(base: Path, rel: str) -> bytes | None:
+def read_regular(base: Path, rel: str, max_bytes: int | None = None) -> bytes | None:
     """The bytes of ``base``/``rel``, opened without following a link: every folder below ``base`` and the file
     itself with ``O_NOFOLLOW``, the file checked to be a regular one on the descriptor that is read (``fstat``), so
     a link or a folder swapped for one between a check and the read cannot point the gate at another file. None
-    when it is absent. A link, a device, a FIFO or a folder in its place: :class:`GateDevSetError`, one line.
+    when it is absent. A link, a device, a FIFO or a folder in its place, or a file over ``max_bytes`` (its size
+    read on the descriptor, nothing of it read): :class:`GateDevSetError`, one line.
 
     ``base`` is trusted (the checkout, or a folder the operator pins with ``--processed``); what lies below it may
     be the worker's (the pipeline's outputs, written from its sandbox)."""
@@ -156,8 +173,14 @@ def read_regular(base: Path, rel: str) -> bytes | None:
             if fd is None:
                 return None
             opened.append(fd)
-        if not stat.S_ISREG(os.fstat(opened[-1]).st_mode):
+        info = os.fstat(opened[-1])
+        if not stat.S_ISREG(info.st_mode):
             raise refused
+        if max_bytes is not None and info.st_size > max_bytes:
+            raise GateDevSetError(
+                f"{base / rel}: {info.st_size / 2**20:.1f} MiB, more than gate.max_pairs_table_mb "
+                f"({max_bytes / 2**20:g} MiB); refused unread"
+            )
         with os.fdopen(opened[-1], "rb", closefd=False) as f:
             return f.read()
     finally:
@@ -170,24 +193,33 @@ class PinnedDevPairs:
     gate stops. The worker writes ``data/processed`` (it runs the pipeline): what it writes after the gate read
     the table does not change the pairs the gate judges on, and what it plants there (a link to a secret) is
     refused, never followed (``read_regular``). Absent at start (no ``dvc repro validate`` yet), the table is
-    copied the first time it is there."""
+    copied the first time it is there. Only a table within ``gate.max_pairs_table_mb`` that reads as a pairs table
+    with an STS-B dev split is pinned: anything else is one line, and read again at the next judgment."""
 
-    def __init__(self, base: Path, rel: str, folder: Path) -> None:
+    def __init__(self, base: Path, rel: str, folder: Path, limits: GateLimits) -> None:
         self.base, self.rel = base, rel
         self.source = base / rel
         self.folder = folder
+        self.limits = limits
         self.copy: Path | None = None
         self.sha256 = ""
 
     def path(self) -> Path:
         if self.copy is None:
-            data = read_regular(self.base, self.rel)
+            from sentcl_mlflow.registry.measure import MB, DevSets
+
+            data = read_regular(self.base, self.rel, int(self.limits.max_pairs_table_mb * MB))
             if data is None:
                 raise GateDevSetError(
                     f"{self.source}: no dev pairs for the gate to score models on; run `dvc repro validate` first"
                 )
             copy = self.folder / "pairs.parquet"
             copy.write_bytes(data)
+            try:
+                DevSets.load(copy, None, self.limits)
+            except GateDevSetError as e:
+                copy.unlink()
+                raise GateDevSetError(f"{self.source}: {str(e).split(': ', 1)[-1]}") from None
             self.copy, self.sha256 = copy, hashlib.sha256(data).hexdigest()
             print(
                 f"gate: dev pairs {self.source} (sha256 {self.sha256[:12]}) read once: the gate scores on this "
@@ -201,6 +233,7 @@ def judge(
     source: str, version: str, params: Mapping[str, Any], dev_pairs: Path | None = None
 ) -> dict[str, Any]:
     """The gate on ``source`` version ``version`` against the production model's champion, under its lease."""
+    from sentcl_mlflow.registry.evidence import approved_digests
     from sentcl_mlflow.registry.gate import judge_candidate
     from sentcl_mlflow.registry.lease import promotion_lock
     from sentcl_mlflow.registry.names import gate_config
@@ -208,12 +241,16 @@ def judge(
     from sentcl_mlflow.store import client
 
     config = gate_config(params)
+    limits = GateLimits.from_params(params)
     mlc = client()
     with promotion_lock(config.model_name, mlc=mlc) as lease, tempfile.TemporaryDirectory() as tmp:
         finish_unfinished(mlc, config.model_name)
         candidate = mlc.get_model_version(source, version)
-        domain = _domain_dev(mlc, source, candidate, Path(tmp))
-        return judge_candidate(mlc, source, version, config, lease, params, dev_pairs, domain)
+        found = _domain_dev(mlc, source, candidate, Path(tmp), limits)
+        domain, digest = found if found is not None else (None, "")
+        # The registrant's own pairs decide only when an operator approved exactly these bytes (evidence).
+        counts = bool(digest) and digest in approved_digests(mlc, config.model_name)
+        return judge_candidate(mlc, source, version, config, lease, params, dev_pairs, domain, counts)
 
 
 def decision_line(result: Mapping[str, Any]) -> str:
@@ -251,11 +288,34 @@ def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
+def clear_scratch(folder: Path, keep: Path | None = None) -> int:
+    """Remove everything in the gate's own scratch ``folder`` but ``keep``: what a killed gate left (downloads,
+    copies), at start and after each judgment. Links are removed, never followed. Returns the entries removed."""
+    import shutil
+
+    removed = 0
+    for entry in list(folder.iterdir()):
+        if keep is not None and entry.resolve() == keep.resolve():
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            entry.unlink(missing_ok=True)
+        else:
+            shutil.rmtree(entry, ignore_errors=True)
+        removed += 1
+    return removed
+
+
 def run(
-    source: str, params: Mapping[str, Any], dev_pairs: PinnedDevPairs, interval_s: float, once: bool
+    source: str,
+    params: Mapping[str, Any],
+    dev_pairs: PinnedDevPairs,
+    interval_s: float,
+    once: bool,
+    scratch: Path | None = None,
 ) -> None:
     """Judge what is pending, sleep, again. A server that does not answer or a busy lease: one line, retried on
-    the next poll; a refused candidate: one line (it is tagged, so not pending any more)."""
+    the next poll; a refused candidate: one line (it is tagged, so not pending any more). With ``scratch`` (the
+    gate's own folder), all but the pinned dev pairs is removed from it after each judgment."""
     from sentcl_mlflow.errors import one_line
     from sentcl_mlflow.store import client
 
@@ -290,6 +350,9 @@ def run(
                 _say(said, f"gate: {source} version {version} not judged yet: {type(e).__name__}: {message}")
                 if failures[version] >= 3:  # not transient: a verdict, so nobody waits on it forever
                     _error_verdict(source, version, f"{type(e).__name__}: {message}")
+            finally:
+                if scratch is not None:
+                    clear_scratch(scratch, keep=dev_pairs.folder)
         if once:
             return
         time.sleep(interval_s)
@@ -351,14 +414,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     close_process()  # before the password is read
+    scratch = None
     if args.scratch is not None:
         try:
-            tempfile.tempdir = str(
-                private_folder(args.scratch)
-            )  # every download and copy of the gate goes here
+            scratch = private_folder(args.scratch)
         except OSError as e:
             print(f"gate: {e}", file=sys.stderr)
             return 2
+        left = clear_scratch(scratch)  # what a killed gate left behind
+        if left:
+            print(f"gate: removed {left} entries a previous gate left in {scratch}", flush=True)
+        tempfile.tempdir = str(scratch)  # every download and copy of the gate goes here
     # Its log is one line per decision: no download or weight-loading progress bars around them.
     os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] = "false"
     os.environ.setdefault("TQDM_DISABLE", "1")
@@ -376,6 +442,7 @@ def main(argv: list[str] | None = None) -> int:
 
     params = read_params(args.params)
     source = GateConfig.from_params(params).candidate_model_name
+    limits = GateLimits.from_params(params)
     try:
         client()
     except TrackingAuthError as e:
@@ -391,13 +458,13 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as own:
         if args.processed:  # a copy the operator pins: that folder is trusted, the file still no link
-            dev_pairs = PinnedDevPairs(args.processed, "pairs.parquet", Path(own))
+            dev_pairs = PinnedDevPairs(args.processed, "pairs.parquet", Path(own), limits)
         else:
-            dev_pairs = PinnedDevPairs(PROJECT, DEV_PAIRS.relative_to(PROJECT).as_posix(), Path(own))
+            dev_pairs = PinnedDevPairs(PROJECT, DEV_PAIRS.relative_to(PROJECT).as_posix(), Path(own), limits)
         with contextlib.suppress(GateDevSetError):  # absent, or refused: said at the first judgment
             dev_pairs.path()
         print(f"gate: watching {source} every {args.interval:g}s as {args.user}", flush=True)
-        run(source, params, dev_pairs, args.interval, args.once)
+        run(source, params, dev_pairs, args.interval, args.once, scratch)
     return 0
 
 

@@ -1,17 +1,23 @@
 """The gate's own measurement: a version downloaded, every file checked against the manifest recorded at its
-registration, and scored on the dev splits the gate reads.
+registration, loaded as production loads it, and scored on the dev splits the gate reads.
 
 The gate never decides on score tags: whoever registers a version writes those. Before it moves ``champion`` it
-downloads the candidate and the champion (``download.download_verified``), and scores both the same way: the
-evaluate stage's fast encoder (``sentcl.model.fast_encode.FastEncoder``) with the folder's own pooling
-(``sentcl.evaluation.models.model_pooling``), on STS-B dev and SICK-R trial from the validate stage's pairs table,
-and on the domain dev pairs when the registration brought some (``--domain-dev``). A few seconds on 2 cores for
-the ~2,000 pairs.
+downloads the candidate and the champion (``download.download_verified``) and loads each through the loader that
+``models:/sentcl-encoder@champion`` runs (``served_pipeline``): MLflow's ``pyfunc.load_model`` of the logged model,
+whose serving code must be byte for byte this repository's (``sentcl_mlflow/pyfunc_encoder.py`` and
+``pyfunc_checks.py``), so every module the folder lists (a ``Dense`` after the pooling, a ``Normalize``) takes
+part, as it does for a caller. Both are scored the same way on STS-B dev and SICK-R trial from the validate
+stage's pairs table, and on the domain dev pairs when the registration brought some (``--domain-dev``); each
+version's ``PipelineShape`` (modules, vector size, unit length) is measured on the way, for the gate to compare.
+A version with no ``MLmodel`` (a bare sentence-transformers folder) is loaded as sentence-transformers loads it.
+Every file the gate reads is bounded by params.yaml ``gate:`` (``GateLimits``).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,9 +25,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sentcl.params import ROOT
-from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, Scores
+from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, GateLimits, PipelineShape, Scores
 from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
-from sentcl_mlflow.pyfunc_checks import ManifestUnavailableError, WeightsMismatchError
+from sentcl_mlflow.pyfunc_checks import DOWNLOAD_META, ManifestUnavailableError, WeightsMismatchError
 from sentcl_mlflow.registry.download import download_verified, st_folder_in
 
 if TYPE_CHECKING:
@@ -33,6 +39,11 @@ DEV_PAIRS = ROOT / "data" / "processed" / "pairs.parquet"
 Pair = tuple[str, str, float]
 # What scores a downloaded, verified model: (the version, the folder the logged model was downloaded to).
 Scorer = Callable[[Any, Path], Scores]
+# The serving code a logged model may carry: this repository's own files, byte for byte.
+SERVING_CODE = {name: Path(__file__).parents[1] / name for name in ("pyfunc_encoder.py", "pyfunc_checks.py")}
+PYFUNC_LOADER = "mlflow.pyfunc.loaders.code_model"  # what the export stage logs: a model from code
+PROBE = ("A probe sentence for the served pipeline.", "Another one, to measure its vectors.")
+MB = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -45,9 +56,15 @@ class DevSets:
     source: str = ""
 
     @classmethod
-    def load(cls, pairs_file: Path | str | None = None, domain_dev: Path | str | None = None) -> DevSets:
+    def load(
+        cls,
+        pairs_file: Path | str | None = None,
+        domain_dev: Path | str | None = None,
+        limits: GateLimits | None = None,
+    ) -> DevSets:
         """From the validate stage's ``pairs.parquet`` (the selection sets of ``sentcl.data.roles``) and a domain dev file
-        (``sentence1<TAB>sentence2<TAB>score``, as ``--domain-dev`` reads it). Missing or empty: one line."""
+        (``sentence1<TAB>sentence2<TAB>score``, as ``--domain-dev`` reads it). Missing, empty, unreadable or past
+        ``limits`` (params.yaml ``gate:``): one line, :class:`GateDevSetError`."""
         import pandas as pd
 
         from sentcl.data.domain import DomainTextError, read_flag_pairs
@@ -59,7 +76,14 @@ class DevSets:
             )
         from sentcl.data.roles import selection_sets
 
-        table = pd.read_parquet(path, columns=["task", "split", "sentence1", "sentence2", "score"])
+        if limits is not None:
+            within(path, limits.max_pairs_table_mb, "gate.max_pairs_table_mb")
+        try:
+            table = pd.read_parquet(path, columns=["task", "split", "sentence1", "sentence2", "score"])
+        except Exception as e:  # pyarrow's ArrowInvalid, a missing column: not a pairs table
+            raise GateDevSetError(
+                f"{path}: not a pairs table the gate can read ({type(e).__name__})"
+            ) from None
         # The selection role (sentcl.data.roles): STS-B dev as published, SICK-R trial less its test pairs.
         sets = {name: tuple(rows) for name, rows in selection_sets(table).items()}
         stsb = sets["stsb_dev"]
@@ -67,10 +91,17 @@ class DevSets:
             raise GateDevSetError(f"{path}: {len(stsb)} STS-B dev pair(s); the gate needs the dev split")
         domain = None
         if domain_dev is not None:
+            if limits is not None and Path(domain_dev).is_file():
+                within(Path(domain_dev), limits.max_domain_mb, "gate.max_domain_mb")
             try:
                 domain = tuple(read_flag_pairs(domain_dev))
             except DomainTextError as e:
                 raise GateDevSetError(str(e)) from None
+            if limits is not None and len(domain) > limits.max_domain_pairs:
+                raise GateDevSetError(
+                    f"{domain_dev}: {len(domain)} domain dev pairs, more than gate.max_domain_pairs "
+                    f"({limits.max_domain_pairs}); refused unread"
+                )
         return cls(stsb, sets["sick_trial"], domain, str(path))
 
     def describe(self) -> str:
@@ -80,38 +111,129 @@ class DevSets:
         return " + ".join(parts) + " pairs"
 
 
+def within(path: Path, limit_mb: float, key: str) -> None:
+    """``path`` is at most ``limit_mb`` MiB (its size, never its contents, read); else one line."""
+    size = path.stat().st_size
+    if size > limit_mb * MB:
+        raise GateDevSetError(
+            f"{path}: {size / MB:.1f} MiB, more than {key} ({limit_mb:g} MiB); refused unread"
+        )
+
+
 def _spearman(encode: Callable[[Sequence[str]], Any], pairs: Sequence[Pair]) -> float:
     from sentcl.evaluation.sts import STSEvaluator
 
     return STSEvaluator(list(pairs), name="gate")(encode)
 
 
-def score_folder(model_dir: Path, dev: DevSets, settings: Mapping[str, Any]) -> Scores:
-    """(STS-B dev, {"sick_dev": ...}, domain or None), Spearman x 100, of the sentence-transformers folder inside
-    ``model_dir``, encoded as the evaluate stage does (its backend and batch size, the folder's pooling)."""
-    from sentcl.evaluation.models import model_pooling
-    from sentcl.model.fast_encode import FastEncoder
+@dataclass(frozen=True)
+class Served:
+    """A model as production loads it: ``encode`` (sentences -> vectors, the served code), the
+    sentence-transformers folder it loaded, and its ``PipelineShape``."""
 
-    folder = st_folder_in(model_dir)
-    chosen = model_pooling(folder, dict(settings))
-    encoder = FastEncoder(
-        folder,
-        pooling=chosen.pooling,
-        backend=settings["backend"],
-        max_tokens=int(settings["max_tokens"]),
-        prompt=chosen.prompt,
-    )
-    guards = {"sick_dev": _spearman(encoder, dev.sick_dev)} if len(dev.sick_dev) >= 3 else {}
-    domain = _spearman(encoder, dev.domain) if dev.domain else None
-    return _spearman(encoder, dev.stsb_dev), guards, domain
+    encode: Callable[[Sequence[str]], Any]
+    folder: Path
+    shape: PipelineShape
 
 
-def dev_scorer(dev: DevSets, params: Mapping[str, Any]) -> Scorer:
-    """The gate's scorer: ``score_folder`` with params ``evaluate`` (backend, max_tokens, pooling fallback)."""
-    from sentcl.evaluation.models import stage_settings
+def check_serving_code(root: Path) -> None:
+    """A logged model's ``MLmodel`` loads through MLflow's pyfunc model loader, and each Python file it carries
+    (outside its artifacts) is this repository's serving code byte for byte; else ``ValueError``, one line. So
+    the code the gate runs to score a version is the code production runs to serve it."""
+    import yaml
 
-    settings = stage_settings(dict(params))
-    return lambda _version, root: score_folder(root, dev, settings)
+    try:
+        flavor = (
+            (yaml.safe_load((root / "MLmodel").read_text()) or {}).get("flavors", {}).get("python_function")
+        )
+    except yaml.YAMLError as e:
+        raise ValueError(f"its MLmodel is not YAML ({type(e).__name__})") from None
+    if not isinstance(flavor, dict) or flavor.get("loader_module") != PYFUNC_LOADER:
+        loader = flavor.get("loader_module") if isinstance(flavor, dict) else None
+        raise ValueError(f"its MLmodel loads through {loader!r}, not {PYFUNC_LOADER!r}")
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if rel.parts[0] == "artifacts":
+            continue
+        ours = SERVING_CODE.get(path.name)
+        if ours is None or path.read_bytes() != ours.read_bytes():
+            raise ValueError(f"its serving code {rel.as_posix()} is not this repository's")
+
+
+def pipeline_shape(folder: Path, vectors: Any) -> PipelineShape:
+    """The modules ``folder`` lists (types, in order; a carried sentcl pooling last) and what ``vectors`` (the
+    served encoding of ``PROBE``) show: their size and whether every one is of unit length."""
+    import numpy as np
+
+    listed = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else []
+    modules = [str(m.get("type", "?")) for m in listed if isinstance(m, dict)]
+    carried = folder / "sentcl_pooling.json"
+    if carried.is_file():
+        modules.append(f"sentcl_pooling:{json.loads(carried.read_text()).get('pooling')}")
+    array = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(array.reshape(len(array), -1), axis=1)
+    dimension = int(array.shape[1]) if array.ndim == 2 else 0
+    return PipelineShape(tuple(modules), dimension, bool(np.allclose(norms, 1.0, atol=1e-3)))
+
+
+def served_pipeline(root: Path, scratch: Path) -> Served:
+    """The logged model under ``root`` (downloaded and verified) loaded as ``models:/...`` loads it for a caller:
+    ``mlflow.pyfunc.load_model`` of a copy under ``scratch`` (loading writes nothing into the gate's copy), once
+    its serving code is this repository's (``check_serving_code``). A bare sentence-transformers folder (no
+    ``MLmodel``): ``SentenceTransformer(folder)``, every module it lists. Unloadable: ``ValueError``/``OSError``."""
+    import numpy as np
+
+    if not (root / "MLmodel").is_file():
+        from sentence_transformers import SentenceTransformer
+
+        folder = st_folder_in(root)
+        model = SentenceTransformer(str(folder), device="cpu")
+
+        def encode(sentences: Sequence[str]) -> Any:
+            return model.encode(
+                list(sentences), batch_size=64, convert_to_numpy=True, show_progress_bar=False
+            )
+
+    else:
+        import mlflow
+
+        check_serving_code(root)
+        copy = Path(tempfile.mkdtemp(prefix="served-", dir=scratch))
+        shutil.copytree(root, copy, dirs_exist_ok=True)
+        (copy / DOWNLOAD_META).unlink(missing_ok=True)  # verified already: no second trip to the registry
+        try:
+            python_model = mlflow.pyfunc.load_model(str(copy)).unwrap_python_model()
+        except Exception as e:  # MLflow's own errors: a model production could not load either
+            raise ValueError(f"production's loader cannot load it: {type(e).__name__}: {e}") from None
+        folder = Path(python_model.folder)
+
+        def encode(sentences: Sequence[str]) -> Any:
+            return np.asarray(python_model.predict(None, list(sentences)))
+
+    return Served(encode, folder, pipeline_shape(folder, encode(list(PROBE))))
+
+
+class DevScorer:
+    """The gate's scorer: Spearman x 100 of the served pipeline's cosines on STS-B dev, SICK-R trial and the
+    domain's pairs (when given)."""
+
+    def __init__(self, dev: DevSets) -> None:
+        self.dev = dev
+
+    def score(self, served: Served) -> Scores:
+        dev = self.dev
+        guards = {"sick_dev": _spearman(served.encode, dev.sick_dev)} if len(dev.sick_dev) >= 3 else {}
+        domain = _spearman(served.encode, dev.domain) if dev.domain else None
+        return _spearman(served.encode, dev.stsb_dev), guards, domain
+
+    def __call__(self, _version: Any, root: Path) -> Scores:
+        with tempfile.TemporaryDirectory(prefix="sentcl-score-") as tmp:
+            return self.score(served_pipeline(root, Path(tmp)))
+
+
+def dev_scorer(dev: DevSets, _params: Mapping[str, Any] | None = None) -> DevScorer:
+    """The gate's scorer on ``dev`` (``DevScorer``)."""
+    return DevScorer(dev)
 
 
 def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:
@@ -131,21 +253,34 @@ def unscorable(e: Exception) -> str:
     return f"cannot be scored ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
 
 
-def verified_download(mlc: MlflowClient, name: str, version: str, dest: Path) -> Path:
+def verified_download(
+    mlc: MlflowClient, name: str, version: str, dest: Path, limits: GateLimits | None = None
+) -> Path:
     """The logged model of ``name`` version ``version`` under ``dest``, every file matching its registration
-    manifest; else the version is tagged refused and :class:`GateRefusedError` says which file, in one line."""
+    manifest and (with ``limits``) all of them within ``gate.max_model_mb`` before any is hashed; else the
+    version is tagged refused and :class:`GateRefusedError` says which file, in one line."""
     uri = f"models:/{name}/{version}"
     # A refusal is one line on stderr: no download progress bars around it (as sentcl_mlflow.serve does).
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    max_bytes = int(limits.max_model_mb * MB) if limits is not None else None
     try:
-        root = download_verified(uri, dest)
+        root = download_verified(uri, dest, max_bytes=max_bytes)
     except (WeightsMismatchError, ManifestUnavailableError) as e:
         raise refusal(mlc, name, version, str(e).splitlines()[0] if str(e) else type(e).__name__) from None
+    except OverflowError as e:
+        raise refusal(mlc, name, version, str(e)) from None
     return root
 
 
 def _model_of(version: Any, default: str) -> str:
     return getattr(version, "name", None) or default
+
+
+def _shape_if_loadable(root: Path, scratch: Path) -> PipelineShape | None:
+    try:
+        return served_pipeline(root, scratch).shape
+    except (OSError, ValueError):
+        return None
 
 
 def measure(
@@ -154,23 +289,33 @@ def measure(
     versions: Sequence[Any],
     scorer: Scorer,
     verified: Sequence[Path | None] = (),
-) -> list[Scores]:
-    """The scores of each model version, in the order given, each downloaded and verified first (all before
-    any is scored, so a tampered one stops the gate before minutes of scoring). Each is read from its own
-    registered model (``v.name``: a candidate and the champion may live in different ones). ``verified``: by
-    position, the folders of versions the caller already downloaded and verified (None: downloaded here)."""
+    limits: GateLimits | None = None,
+) -> list[tuple[Scores, PipelineShape | None]]:
+    """The scores and pipeline shape of each model version, in the order given, each downloaded and verified first
+    (all before any is scored, so a tampered one stops the gate before minutes of scoring), then loaded as
+    production loads it (``served_pipeline``). Each is read from its own registered model (``v.name``: a
+    candidate and the champion may live in different ones). ``verified``: by position, the folders of versions
+    the caller already downloaded and verified (None: downloaded here). A version that cannot be loaded or scored
+    is tagged refused (:class:`GateRefusedError`)."""
     given = list(verified) + [None] * (len(versions) - len(verified))
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
         roots = [
             given[i]
-            or verified_download(mlc, _model_of(v, name), str(v.version), Path(tmp) / f"{i}-{v.version}")
+            or verified_download(
+                mlc, _model_of(v, name), str(v.version), Path(tmp) / f"{i}-{v.version}", limits
+            )
             for i, v in enumerate(versions)
         ]
-        scores: list[Scores] = []
+        measured: list[tuple[Scores, PipelineShape | None]] = []
         for v, root in zip(versions, roots, strict=True):
             try:
-                scores.append(scorer(v, root))
+                if isinstance(scorer, DevScorer):
+                    served = served_pipeline(root, Path(tmp))
+                    scores, shape = scorer.score(served), served.shape
+                else:  # a caller's own scorer (Python callers: tests); the shape where the model loads
+                    scores, shape = scorer(v, root), _shape_if_loadable(root, Path(tmp))
             # No sentence-transformers folder, or one the encoder cannot load: no model the gate can promote.
             except (OSError, ValueError) as e:
                 raise refusal(mlc, _model_of(v, name), str(v.version), unscorable(e)) from None
-        return scores
+            measured.append((scores, shape))
+        return measured

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from sentcl.registry.rules import (
     TAG_STATE,
     TAG_WEIGHTS,
+    GateLimits,
     version_weights,
     weight_file_digests,
     weights_fingerprint,
@@ -58,14 +59,21 @@ class Owned:
     weights: str  # weights_fingerprint(digests); "" when the folder holds no sentence-transformers weights
 
 
-def own_download(mlc: MlflowClient, name: str, version: Any, dest: Path, weights_tag: bool) -> Owned:
+def own_download(
+    mlc: MlflowClient,
+    name: str,
+    version: Any,
+    dest: Path,
+    weights_tag: bool,
+    limits: GateLimits | None = None,
+) -> Owned:
     """``version`` (a ModelVersion of ``name``) downloaded once under ``dest`` and checked against its registration
     manifest (``verified_download``); the manifest and weights are then computed from those files. With
     ``weights_tag`` (a candidate, whose registrar may edit its tags), its weights tag must name those weights:
     "already champion" and the rolled-back block compare weights. A mismatch, or no weights to hash: tagged
-    refused, :class:`GateRefusedError` in one line."""
+    refused, :class:`GateRefusedError` in one line. ``limits``: its files together within ``gate.max_model_mb``."""
     number = str(version.version)
-    root = verified_download(mlc, name, number, dest)
+    root = verified_download(mlc, name, number, dest, limits)
     (root / DOWNLOAD_META).unlink(missing_ok=True)  # MLflow's note of where it came from: not the model's
     try:
         digests = weight_file_digests(st_folder_in(root))

@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 
 from sentcl.params import read_params
-from sentcl.registry.rules import GateConfig, weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import GateConfig, GateLimits, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import auth, store
 from sentcl_mlflow.registry.download import download_verified
 from sentcl_mlflow.registry.gate import promote
@@ -40,6 +40,7 @@ from tests.tiny import make_tiny_encoder, tiny_sentences
 REGISTRAR = ("sentcl-registrar", "registrar-secret-for-tests-1")
 READER = ("reader", "reader-secret-for-tests-1")  # an account with no grant: the server's default, READ
 CONFIG = GateConfig.from_params(read_params())
+LIMITS = GateLimits.from_params(read_params())
 PROD, CANDIDATES = CONFIG.model_name, CONFIG.candidate_model_name
 
 
@@ -345,6 +346,133 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     assert found["decision"] == "refused" and "domain dev pairs" in found["reasons"][0], found
 
 
+DOMAIN_LETTERS = "bcdfghjklmnpqrstvwxyz0123456789"  # tokens no STS-B dev or SICK-R trial sentence holds
+
+
+def _changed_on_the_domain(folder: Path, dest: Path, scale: float, nudge: float = 0.0) -> Path:
+    """A copy of ``folder`` whose embeddings of the DOMAIN_LETTERS tokens (and their ``##`` forms) get gaussian
+    noise of ``scale`` times the embeddings' spread (seed 0): the same vectors for every dev sentence (made of
+    whole words), other vectors for the domain's. ``nudge`` is added to one pooler bias (new weights, the same
+    vectors: mean pooling never reads the pooler)."""
+    import torch
+    from sentence_transformers import SentenceTransformer
+
+    model = SentenceTransformer(str(folder), device="cpu")
+    bert = model[0].auto_model
+    ids = model.tokenizer.convert_tokens_to_ids(list(DOMAIN_LETTERS) + [f"##{c}" for c in DOMAIN_LETTERS])
+    table = bert.embeddings.word_embeddings.weight
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        table[ids] += (
+            scale * float(table.std()) * torch.randn((len(ids), table.shape[1]), generator=generator)
+        )
+        bert.pooler.dense.bias[0] += nudge
+    model.save(str(dest))
+    return dest
+
+
+def _domain_sentences(n: int, seed: int) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    out: dict[str, None] = {}
+    while len(out) < n:
+        words = ("".join(rng.choice(DOMAIN_LETTERS) for _ in range(rng.randint(2, 4))) for _ in range(5))
+        out[" ".join(words)] = None
+    return list(out)
+
+
+@pytest.mark.slow  # minutes on 2 cores: three verdicts
+def test_pairs_the_registrant_fabricated_never_outvote_stsb_dev_and_approved_ones_count(
+    gate_process, good_champion, monkeypatch, tmp_path
+):
+    """The attack: a candidate no better than the champion on STS-B dev and SICK-R trial brings domain pairs
+    whose gold is its own cosines (domain ~100 against the champion's far less). On the old code that promoted it
+    ("domain gain accepted"). Now the registrant's pairs are scored and reported, never counted: rejected. The
+    registrar cannot approve pairs (no EDIT on the production model); once the gate's account approves exactly
+    those bytes, they count, and a candidate of the same kind is promoted."""
+    from mlflow.exceptions import MlflowException
+
+    from sentcl.evaluation.sts import cosine
+    from sentcl.model.fast_encode import FastEncoder
+    from sentcl_mlflow.release import _log_gate_inputs
+
+    pairs = gate_process["processed"] / "pairs.parquet"
+    folder = _changed_on_the_domain(gate_process["good"], tmp_path / "changed", scale=2.0)
+    for task in ("STSb", "SICK-R"):  # computed here: the dev splits see the champion's vectors
+        assert spearman_of(folder, pairs, task) == pytest.approx(
+            spearman_of(gate_process["good"], pairs, task)
+        )
+    sentences = _domain_sentences(400, seed=41)
+    own = FastEncoder(folder, backend="torch")  # the candidate's own cosines as gold: it scores ~100
+    gold = cosine(own(sentences[0::2]), own(sentences[1::2]))
+    dev = tmp_path / "fabricated.tsv"
+    dev.write_text(
+        "".join(
+            f"{a}\t{b}\t{g:.5f}\n" for a, b, g in zip(sentences[0::2], sentences[1::2], gold, strict=True)
+        )
+    )
+    inputs = {TAG_GATE_INPUTS: gate_inputs_tag(dev)}
+
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    before = _champion(mlc)
+    version, _ = _register(folder, 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev))
+    found = _verdict(version)
+    tags = mlc.get_model_version(CANDIDATES, version).tags
+    assert found["decision"] == "rejected" and _champion(mlc) == before, found
+    assert float(tags["gate.domain_dev"]) > 99.0 > float(tags["gate.champion_domain_dev"]) + 1.0, tags
+    assert any("not approved by an operator" in r for r in found["reasons"]), found
+    from sentcl_mlflow.registry.evidence import TAG_APPROVED, approve
+
+    # The registrar approving its own pairs: refused (it may not take production's lease, nor edit its tags).
+    with pytest.raises((MlflowException, PromotionLeaseDenied)):
+        approve(dev, "mallory", read_params())
+
+    as_user(monkeypatch, GATE)
+    approved = approve(dev, "ops", read_params())
+    assert approved["sha256"] == hashlib.sha256(dev.read_bytes()).hexdigest() and approved["pairs"] == 200
+    assert approved["sha256"] in store.client().get_registered_model(PROD).tags[TAG_APPROVED]
+    as_user(monkeypatch, REGISTRAR)
+    again = _changed_on_the_domain(gate_process["good"], tmp_path / "changed-again", scale=2.0, nudge=1e-3)
+    version, _ = _register(again, 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev))
+    found = _verdict(version)
+    assert found["decision"] == "promoted", found
+    assert any("domain gain accepted" in r for r in found["reasons"]), found
+
+
+@pytest.mark.slow  # a verdict
+def test_domain_pairs_past_the_gates_limits_are_refused_unread_and_the_gate_goes_on(
+    gate_process, good_champion, monkeypatch, tmp_path
+):
+    """A registrant's domain pairs file of more lines than gate.max_domain_pairs (200,000 pairs held the lease
+    for minutes at 5 GB on the old code): refused in one line without scoring, the lease free, and the next
+    candidate judged."""
+    from sentcl_mlflow.release import _log_gate_inputs
+
+    limit = GateLimits.from_params(read_params()).max_domain_pairs
+    big = tmp_path / "big.tsv"
+    big.write_text("".join(f"sentence {i} one\tsentence {i} two\t{i % 5}\n" for i in range(limit + 1)))
+    inputs = {TAG_GATE_INPUTS: gate_inputs_tag(big)}
+    as_user(monkeypatch, REGISTRAR)
+    mlc = store.client()
+    before = _champion(mlc)
+    version, _ = _register(
+        gate_process["fifth"], 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, big)
+    )
+    found = _verdict(version)
+    assert (
+        found["decision"] == "refused" and f"more than gate.max_domain_pairs ({limit})" in found["reasons"][0]
+    )
+    assert _champion(mlc) == before and "gate.stsb_dev" not in mlc.get_model_version(CANDIDATES, version).tags
+    lines = _lines(gate_process, version)
+    assert len(lines) == 1 and "refused" in lines[0], lines
+    poor, _ = _register(
+        _changed_on_the_domain(gate_process["poor"], tmp_path / "poor-after", 0.0, 1e-3), 99.0, 99.0
+    )
+    assert _verdict(poor)["decision"] == "rejected"  # the lease was released: the next one is judged
+
+
 def test_a_candidate_whose_weights_tag_is_not_its_files_is_refused(gate_process, monkeypatch):
     """The registrar may edit its candidates' tags: one naming other weights (a rolled-back version's block
     reads that tag) is refused once the gate has hashed the verified files itself."""
@@ -460,6 +588,23 @@ def test_a_non_dumpable_process_hides_its_environ_from_its_own_os_user(closed, t
         assert reader.returncode == 0 and "in-the-environment-1" in reader.stdout, reader.stderr
 
 
+def _pairs_table(rows: int, word: str) -> bytes:
+    """A pairs table in the validate stage's layout: ``rows`` STS-B dev pairs (and as many SICK-R trial ones)."""
+    import io
+
+    table = pd.DataFrame(
+        [
+            (task, "dev", "dev", f"{word} {i} a", f"{word} {i} b", float(i % 5), "mini", i + 1)
+            for task in ("STSb", "SICK-R")
+            for i in range(rows)
+        ],
+        columns=["task", "subset", "split", "sentence1", "sentence2", "score", "source", "line"],
+    )
+    out = io.BytesIO()
+    table.to_parquet(out)
+    return out.getvalue()
+
+
 def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(tmp_path):
     """No `dvc repro validate` before `make serve`: the first table the gate finds is the one it keeps."""
     from sentcl_mlflow.errors import GateDevSetError
@@ -467,16 +612,67 @@ def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(t
 
     source = tmp_path / "processed" / "pairs.parquet"
     (tmp_path / "own").mkdir()
-    pinned = PinnedDevPairs(tmp_path, "processed/pairs.parquet", tmp_path / "own")
+    pinned = PinnedDevPairs(tmp_path, "processed/pairs.parquet", tmp_path / "own", LIMITS)
     with pytest.raises(GateDevSetError, match="no dev pairs"):  # absent: the decision says so in one line
         pinned.path()
     source.parent.mkdir()
-    source.write_bytes(b"first table")
+    first, later = _pairs_table(5, "first"), _pairs_table(6, "later")
+    source.write_bytes(first)
     copy = pinned.path()
-    assert copy != source and copy.read_bytes() == b"first table"
-    source.write_bytes(b"written by the worker later")
-    assert pinned.path() == copy and copy.read_bytes() == b"first table"
-    assert pinned.sha256 == hashlib.sha256(b"first table").hexdigest()
+    assert copy != source and copy.read_bytes() == first
+    source.write_bytes(later)
+    assert pinned.path() == copy and copy.read_bytes() == first
+    assert pinned.sha256 == hashlib.sha256(first).hexdigest()
+
+
+def test_a_table_that_is_not_pairs_or_too_large_is_refused_unpinned_and_read_again_later(tmp_path):
+    """A file the worker wrote in place of the pairs table that is no parquet (a 2 GB sparse file did this: every
+    later judgment failed until a restart), or one past gate.max_pairs_table_mb (refused on its size, unread):
+    one line each, nothing pinned, and the next judgment reads the table again and pins a good one."""
+    import dataclasses
+
+    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
+
+    source = tmp_path / "processed" / "pairs.parquet"
+    source.parent.mkdir()
+    own = tmp_path / "own"
+    own.mkdir()
+    limits = dataclasses.replace(LIMITS, max_pairs_table_mb=1.0)
+    pinned = PinnedDevPairs(tmp_path, "processed/pairs.parquet", own, limits)
+    source.write_bytes(b"not a parquet file at all")
+    with pytest.raises(GateDevSetError, match="not a pairs table") as refused:
+        pinned.path()
+    assert "\n" not in str(refused.value) and pinned.copy is None and list(own.iterdir()) == []
+    with open(source, "wb") as sparse:  # 3 MiB by its size, almost nothing on disk
+        sparse.truncate(3 * 2**20)
+    with pytest.raises(GateDevSetError, match="more than gate.max_pairs_table_mb") as refused:
+        pinned.path()
+    assert "3.0 MiB" in str(refused.value) and pinned.copy is None and list(own.iterdir()) == []
+    good = _pairs_table(5, "good")
+    source.write_bytes(good)
+    assert pinned.path().read_bytes() == good
+
+
+def test_the_gates_scratch_is_emptied_but_for_its_pinned_copy(tmp_path):
+    """What a killed gate left in its scratch (downloads, copies, a planted link) is removed at start and after
+    each judgment; the pinned dev pairs stay, and a link is removed without following it."""
+    from sentcl_mlflow.registry.gatekeeper import clear_scratch
+
+    scratch = tmp_path / "scratch"
+    (scratch / "sentcl-gate-old" / "0-3").mkdir(parents=True)
+    (scratch / "sentcl-gate-old" / "0-3" / "model.safetensors").write_bytes(b"x" * 1000)
+    (scratch / "tmp1234").write_bytes(b"left")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the gate's")
+    (scratch / "link").symlink_to(outside)
+    pinned = scratch / "sentcl-gate-pinned"
+    pinned.mkdir()
+    (pinned / "pairs.parquet").write_bytes(b"pinned")
+    assert clear_scratch(scratch, keep=pinned) == 3
+    assert sorted(p.name for p in scratch.iterdir()) == ["sentcl-gate-pinned"]
+    assert (pinned / "pairs.parquet").read_bytes() == b"pinned" and (outside / "keep.txt").exists()
 
 
 @pytest.mark.parametrize("planted", ["link", "folder-link", "fifo", "folder"])
@@ -504,7 +700,7 @@ def test_what_the_worker_plants_in_place_of_the_dev_pairs_is_refused_never_follo
         }[planted]()
     own = tmp_path / "own"
     own.mkdir()
-    pinned = PinnedDevPairs(tmp_path / "checkout", "data/processed/pairs.parquet", own)
+    pinned = PinnedDevPairs(tmp_path / "checkout", "data/processed/pairs.parquet", own, LIMITS)
     with pytest.raises(GateDevSetError) as refused:
         pinned.path()
     assert "is not a regular file under" in str(refused.value) and "\n" not in str(refused.value)

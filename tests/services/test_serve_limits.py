@@ -136,6 +136,22 @@ def test_a_body_over_the_limit_is_413_and_too_many_or_too_long_sentences_400_eac
     assert status == 200 and len(answer["predictions"]) == LIMITS["max_sentences"], answer
 
 
+def test_malformed_bodies_each_get_one_line_of_json(server):
+    """JSON nested past Python's stack (json.loads raises RecursionError: a plain-text 500 on the old code), bytes
+    that are not JSON, and shapes that are not a request: a status and one line of JSON each, and the server
+    still serves."""
+    port = server["port"]
+    status, answer = post(port, b"[" * 200_000 + b"]" * 200_000)
+    assert status == 400 and "nested too deeply" in one_line(answer), answer
+    status, answer = post(port, b'{"inputs": [' * 50_000)
+    assert status == 400 and one_line(answer), answer
+    for body in (b"\xff\xfe not json", b'"a string"', b"[1, 2]", b'{"inputs": {"a": 1}}'):
+        status, answer = post(port, body)
+        assert status == 400 and one_line(answer), (body, answer)
+    status, answer = post(port, {"inputs": SENTENCES})
+    assert status == 200 and len(answer["predictions"]) == len(SENTENCES), answer
+
+
 def _send_unread(port: int, length: int, chunked: bool) -> tuple[int, str]:
     """A request declaring (or, chunked, streaming) ``length`` bytes of JSON, sent from a thread while the answer
     is read; the server may close before the rest is sent. (status, message)."""
