@@ -200,7 +200,7 @@ def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path
     (tmp_path / "w.bin").write_bytes(b"w")
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    params = {"registry": {**CONFIG.__dict__}}
+    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
     first = register_and_gate(
         source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params, scorer=as_registered
     )
@@ -282,7 +282,7 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
 
     # And the gate, as the gate's account (even forced), refuses to make it champion: one line, nothing moves.
     before = mlc.get_model_version_by_alias(CONFIG.model_name, "champion").version
-    params = {"registry": {**CONFIG.__dict__}}
+    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
     with pytest.raises(GateRefusedError, match=f"version {version}: .*pyfunc_encoder.py changed") as refused:
         promote(CONFIG.model_name, version=version, params=params, scorer=as_registered)
     assert "\n" not in str(refused.value)
@@ -662,7 +662,7 @@ def test_who_promoted_and_rolled_back_is_the_authenticated_account_and_by_is_a_n
 
     as_user(monkeypatch, GATE)
     mlc = store.client()
-    params = {"registry": {**CONFIG.__dict__}}
+    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
     versions = []
     for score in (500.0, 600.0):  # above any champion the other tests leave; weights of their own
         run_id = mlc.create_run(store.experiment_id(mlc, production_experiment())).info.run_id
