@@ -128,7 +128,7 @@ def pipeline_change(candidate: PipelineShape | None, champion: PipelineShape | N
         )
     return (
         f"the served pipeline changes ({'; '.join(parts)}): {candidate.describe()} against the champion's "
-        f"{champion.describe()}; promote it only with --allow-pipeline-change"
+        f"{champion.describe()}"
     )
 
 

@@ -36,7 +36,7 @@ from sentcl.registry.rules import (
 )
 from sentcl_mlflow.errors import GateRefusedError, NoChampionError
 from sentcl_mlflow.registry.lease import Lease, promotion_lock
-from sentcl_mlflow.registry.measure import DevSets, Scorer, dev_scorer, measure, verified_download
+from sentcl_mlflow.registry.measure import DevScorer, DevSets, Scorer, measure, verified_download
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
@@ -70,25 +70,6 @@ def _who(identity: str, note: str | None) -> str:
     return f"{identity} (--by {note}, not verified)" if note else identity
 
 
-def _scorer(
-    limits: GateLimits,
-    dev_pairs: Path | str | None,
-    domain_dev: Path | str | None,
-    scorer: Scorer | None,
-) -> Callable[[], Scorer]:
-    """What scores the candidate and the champion, built only when the gate gets that far (a blocked or
-    unfinished version needs no dev pairs). ``scorer`` replaces the dev-set scoring (the verification stays)."""
-
-    def make() -> Scorer:
-        if scorer is not None:
-            return scorer
-        dev = DevSets.load(dev_pairs, domain_dev, limits)
-        print(f"gate: scoring on {dev.describe()} ({dev.source})")
-        return dev_scorer(dev)
-
-    return make
-
-
 @dataclass(frozen=True)
 class Judgment:
     """One run of the gate: which version of which model, against the champion of ``name``, by whom, what
@@ -101,13 +82,24 @@ class Judgment:
     config: GateConfig
     limits: GateLimits
     caller: tuple[str, str | None]  # the authenticated account, the caller's unverified --by note or None
-    make_scorer: Callable[[], Scorer]
+    dev_pairs: Path | str | None = None  # default: the validate stage's data/processed/pairs.parquet
+    domain_dev: Path | str | None = None
+    scorer: Scorer | None = None  # replaces the dev-set scoring (Python callers); the verification stays
     lease: Lease | None = None
     source: str | None = None
     forced: bool = False
     in_registration: bool = False
     domain_counts: bool = True
     allow_pipeline_change: bool = False
+
+    def make_scorer(self) -> Scorer:
+        """What scores the candidate and the champion, built only when the gate gets that far (a blocked or
+        unfinished version needs no dev pairs)."""
+        if self.scorer is not None:
+            return self.scorer
+        dev = DevSets.load(self.dev_pairs, self.domain_dev, self.limits)
+        print(f"gate: scoring on {dev.describe()} ({dev.source})")
+        return DevScorer(dev)
 
 
 def _params(params: Mapping[str, Any] | None) -> Mapping[str, Any]:
@@ -175,7 +167,9 @@ def register_and_gate(
                 config,
                 limits,
                 (caller_identity(), _note(actor)),
-                _scorer(limits, dev_pairs, domain_dev, scorer),
+                dev_pairs,
+                domain_dev,
+                scorer,
                 lease=lease,
                 in_registration=True,
             )
@@ -211,7 +205,8 @@ def judge_candidate(
         config,
         limits,
         (caller_identity(), None),
-        _scorer(limits, dev_pairs, domain_dev, None),
+        dev_pairs,
+        domain_dev,
         lease=lease,
         source=source,
         domain_counts=domain_counts,
@@ -299,10 +294,10 @@ def _decide(
             )
         changed = pipeline_change(cand_shape, champ_shape)
         if changed and job.allow_pipeline_change:
-            reasons.append(f"{changed.split('; promote it only')[0]}: allowed by {_who(identity, note)}")
+            reasons.append(f"{changed}: allowed by {_who(identity, note)}")
         elif changed:
             promoted = False
-            reasons.append(changed)
+            reasons.append(f"{changed}; promote it only with --allow-pipeline-change --by NAME")
         measured_tags = gate_score_tags(cand_scores)
         if cand_shape is not None:
             measured_tags["gate.pipeline"] = cand_shape.describe()
@@ -406,7 +401,9 @@ def promote(
             config,
             limits,
             (caller_identity(), _note(actor)),
-            _scorer(limits, dev_pairs, domain_dev, scorer),
+            dev_pairs,
+            domain_dev,
+            scorer,
             lease=lease,
             forced=force,
             allow_pipeline_change=allow_pipeline_change,

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -229,11 +229,6 @@ class DevScorer:
     def __call__(self, _version: Any, root: Path) -> Scores:
         with tempfile.TemporaryDirectory(prefix="sentcl-score-") as tmp:
             return self.score(served_pipeline(root, Path(tmp)))
-
-
-def dev_scorer(dev: DevSets, _params: Mapping[str, Any] | None = None) -> DevScorer:
-    """The gate's scorer on ``dev`` (``DevScorer``)."""
-    return DevScorer(dev)
 
 
 def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:
