@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sentcl.params import FlowConfig, process_params
+from sentcl.params import FlowConfig
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from stages.common import ROOT
 
@@ -26,9 +26,18 @@ PROGRESS_EVERY_S = 30  # at most one redraw of a progress bar per this many seco
 DVC_STAGE_EXIT = re.compile(r"^ERROR: failed to reproduce .*: failed to run: .*, exited with (-?\d+)$", re.M)
 
 
-def flow_config() -> FlowConfig:
-    """params.yaml ``flows:`` of this process's params (read once: the flow's entry point reads the same)."""
-    return FlowConfig.from_params(process_params())
+def bounded(flow: Any, config: FlowConfig, timeout_s: float | None = None) -> Any:
+    """``flow`` (a Prefect flow) bounded as the run's params say: ``timeout_s``, default params.yaml
+    ``flows.flow_timeout_s`` (0 = none). Applied where the run starts, after its params were read, never at
+    import: a ``--set flows.flow_timeout_s=N`` reaches it."""
+    seconds = config.flow_timeout_s if timeout_s is None else timeout_s
+    return flow.with_options(timeout_seconds=seconds or None)
+
+
+def retried(task: Any, config: FlowConfig) -> Any:
+    """A :func:`stage_task` with this run's ``flows.retries`` and ``flows.retry_delay_s`` (applied in the flow
+    run, from the params it read; the decorator alone retries nothing)."""
+    return task.with_options(retries=config.retries, retry_delay_seconds=config.retry_delay_s)
 
 
 class StageFailed(RuntimeError):
@@ -56,14 +65,12 @@ class StageFailed(RuntimeError):
 
 
 def run_stage(
-    cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT, timeout_s: float | None = None
+    cmd: Sequence[str], env: dict[str, str] | None = None, cwd: Path = ROOT, *, timeout_s: float
 ) -> str:
     """Run a stage command, stream its output into the flow's log, raise :class:`StageFailed` on failure.
 
-    ``timeout_s`` (default params.yaml ``flows.stage_timeout_s``; 0 = none): past it the stage's whole
+    ``timeout_s`` (the run's params.yaml ``flows.stage_timeout_s``; 0 = none): past it the stage's whole
     process group gets TERM, then KILL 10 s later, and the run fails as timed out (not retried)."""
-    if timeout_s is None:
-        timeout_s = flow_config().stage_timeout_s
     full_env = {**os.environ, **(env or {})}
     # The venv's bin first, so `dvc` and the `python` of dvc.yaml commands are this environment's.
     full_env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{full_env.get('PATH', '')}"
@@ -138,19 +145,14 @@ def progress_filtered(stream: Iterable[str], every_s: float = PROGRESS_EVERY_S) 
         yield text
 
 
-def stage_task(config: FlowConfig, **options: Any) -> Any:
+def stage_task(**options: Any) -> Any:
     """The Prefect task decorator for a step that runs a stage: never cached (DVC or the stage decides what is
-    up to date), retried ``flows.retries`` times only when it failed the transient way (retry_if_transient)."""
+    up to date), retried only when it failed the transient way (retry_if_transient), as often as the run's
+    ``flows.retries`` say once :func:`retried` has applied them."""
     from prefect import task
     from prefect.cache_policies import NO_CACHE
 
-    return task(
-        cache_policy=NO_CACHE,
-        retries=config.retries,
-        retry_delay_seconds=config.retry_delay_s,
-        retry_condition_fn=retry_if_transient,
-        **options,
-    )
+    return task(cache_policy=NO_CACHE, retry_condition_fn=retry_if_transient, **options)
 
 
 def retry_if_transient(task, task_run, state) -> bool:  # noqa: ANN001 (Prefect's callback signature)

@@ -5,6 +5,7 @@
     python -m flows.promote --rollback --reason "bad answers on support tickets" [--by alice]
     python -m flows.promote --version 7 --force --by alice   # a rolled-back version (or its weights) again
     python -m flows.promote --version 7 --domain-dev pairs.tsv  # a retrain's version, on its domain too
+    python -m flows.promote --set flows.stage_timeout_s=600     # the run's timeout (params.yaml flows:)
 
 Before ``champion`` moves the gate downloads the candidate and the champion, checks every file against the
 manifest recorded at registration (a changed file: one line, exit 2, the version tagged refused) and scores
@@ -36,16 +37,14 @@ from typing import Any
 
 from prefect import flow
 
-from flows.common import check_prefect_api, cli_errors, flow_config, promotion_slot
+from flows.common import bounded, check_prefect_api, cli_errors, promotion_slot
+from sentcl.params import FlowConfig, ParamsError
 from sentcl_mlflow.errors import PromotionLockTimeout
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.registry.gate import promote, rollback
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
-from stages.common import PROCESSED
-
-TIMEOUT_S = flow_config().stage_timeout_s or None
-
+from stages.common import PROCESSED, argument_parser, fail, load_params, params_arguments
 
 # The error an in-process flow run of main() ended on. Prefect logs a flow's exception with its traceback
 # before re-raising it; for an error a person acts on the flow returns a Failed state instead (its message
@@ -84,7 +83,7 @@ def _dev_files(processed: str | None, domain_dev: str | None) -> dict[str, Path 
     }
 
 
-@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
+@flow(name="sentcl-promote", log_prints=True)
 def promote_flow(
     version: str | None = None,
     actor: str | None = None,
@@ -97,7 +96,7 @@ def promote_flow(
         return promote(model, version=version, actor=actor, force=force, **_dev_files(processed, domain_dev))
 
 
-@flow(name="sentcl-promote", log_prints=True, timeout_seconds=TIMEOUT_S)
+@flow(name="sentcl-promote", log_prints=True)
 def _promote_cli_flow(
     version: str | None = None,
     actor: str | None = None,
@@ -109,13 +108,13 @@ def _promote_cli_flow(
     return _quietly(lambda: promote_flow.fn(version, actor, model, force, processed, domain_dev))
 
 
-@flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
+@flow(name="sentcl-rollback", log_prints=True)
 def rollback_flow(reason: str, actor: str | None = None, model: str | None = None) -> dict[str, Any]:
     with promotion_slot():
         return rollback(model, actor=actor, reason=reason)
 
 
-@flow(name="sentcl-rollback", log_prints=True, timeout_seconds=TIMEOUT_S)
+@flow(name="sentcl-rollback", log_prints=True)
 def _rollback_cli_flow(reason: str, actor: str | None = None, model: str | None = None) -> Any:
     return _quietly(lambda: rollback_flow.fn(reason, actor, model))
 
@@ -127,18 +126,28 @@ def _run_flow(state) -> None:  # noqa: ANN001 (a Prefect State)
     state.result()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Run the promotion gate, or roll the champion back.")
-    parser.add_argument("--version", help="version to gate (default: the challenger alias)")
+def configured(config: FlowConfig, rollback: bool) -> Any:
+    """The flow main() runs with a Prefect server, the gate's or the rollback's, bounded like one stage:
+    params.yaml ``flows.stage_timeout_s`` of the run's params (0 = none)."""
+    return bounded(_rollback_cli_flow if rollback else _promote_cli_flow, config, config.stage_timeout_s)
+
+
+def _common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="registered model (default: params registry.model_name)")
-    parser.add_argument("--rollback", action="store_true", help="give champion back to the previous champion")
-    parser.add_argument("--reason", default="manual rollback", help="why (recorded on both versions)")
     parser.add_argument(
         "--by",
         default=None,
         help="a note of who asked (default $SENTCL_ACTOR), recorded as *_by_note and not verified; who acted is "
         "recorded from the MLflow account the server authenticated",
     )
+    params_arguments(parser)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("Run the promotion gate, or roll the champion back.")
+    parser.add_argument("--version", help="version to gate (default: the challenger alias)")
+    parser.add_argument("--rollback", action="store_true", help="give champion back to the previous champion")
+    parser.add_argument("--reason", default="manual rollback", help="why (recorded on both versions)")
     parser.add_argument(
         "--force",
         action="store_true",
@@ -156,16 +165,35 @@ def main(argv: list[str] | None = None) -> int:
         help="promote a candidate whose served pipeline (modules, vector size, normalisation) differs from the "
         "champion's, on its scores; needs --by NAME; in-process only (no PREFECT_API_URL)",
     )
-    args = parser.parse_args(argv)
+    _common_arguments(parser)
+    return _execute(parser.parse_args(argv))
+
+
+def rollback_main(argv: list[str] | None = None) -> int:
+    """``python -m flows.promote --rollback`` with only the options a rollback reads."""
+    parser = argument_parser("Roll the champion back to the previous champion, with a reason.")
+    parser.add_argument("--reason", default="manual rollback", help="why (recorded on both versions)")
+    _common_arguments(parser)
+    parser.set_defaults(rollback=True, version=None, force=False, processed=None, domain_dev=None)
+    return _execute(parser.parse_args(argv))
+
+
+def _execute(args: argparse.Namespace) -> int:
     if args.force and not args.by:
         print("promote: --force needs the name of the person forcing it: --by NAME", file=sys.stderr)
         return 2
-    if args.allow_pipeline_change and (not args.by or os.environ.get("PREFECT_API_URL")):
+    if getattr(args, "allow_pipeline_change", False) and (not args.by or os.environ.get("PREFECT_API_URL")):
         print(
             "promote: --allow-pipeline-change needs --by NAME and an in-process run (unset PREFECT_API_URL)",
             file=sys.stderr,
         )
         return 2
+    settings = load_params(args.params, args.overrides)  # the process's params: the gate reads them too
+    try:
+        config = FlowConfig.from_params(settings)
+    except ParamsError as e:
+        fail(settings.relabel(str(e)))
+    promote_run, rollback_run = configured(config, rollback=False), configured(config, rollback=True)
     orchestrated = bool(os.environ.get("PREFECT_API_URL"))
     from mlflow.exceptions import MlflowException
 
@@ -174,15 +202,15 @@ def main(argv: list[str] | None = None) -> int:
             check_prefect_api()
         if args.rollback:
             if orchestrated:
-                _run_flow(_rollback_cli_flow(args.reason, args.by, args.model, return_state=True))
+                _run_flow(rollback_run(args.reason, args.by, args.model, return_state=True))
             else:
                 rollback(args.model, actor=args.by, reason=args.reason)
         elif orchestrated:
             flow_args = (args.version, args.by, args.model, args.force, args.processed, args.domain_dev)
-            _run_flow(_promote_cli_flow(*flow_args, return_state=True))
+            _run_flow(promote_run(*flow_args, return_state=True))
         else:
             dev = _dev_files(args.processed, args.domain_dev)
-            allow = args.allow_pipeline_change
+            allow = getattr(args, "allow_pipeline_change", False)
             promote(
                 args.model,
                 version=args.version,

@@ -2,11 +2,12 @@
 
     python -m flows.retrain [--domain-text FILE_OR_FOLDER] [--domain-dev PAIRS.tsv] [--keep] [--set KEY=VALUE]
 
-Only Prefect's and MLflow's part lives here: the inbox (``SENTCL_INBOX``), the champion, retried tasks, the gate."""
+Only Prefect's and MLflow's part lives here: the inbox (``SENTCL_INBOX``), the champion, retried tasks, the gate.
+The flow's timeout and its tasks' retries are params.yaml ``flows:`` of the run's params (``--set
+flows.retries=0``), read when the run starts."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -21,15 +22,14 @@ from prefect.cache_policies import NO_CACHE
 
 from flows import common
 from sentcl.data import domain
-from sentcl.params import ParamsError
+from sentcl.params import FlowConfig, Params, ParamsError
 from sentcl.retrain.config import RetrainConfig
 from sentcl.retrain.plan import Plan, plan
 from sentcl.retrain.run import Outcome, Runner, describe_gate, run, score_candidates
 from sentcl.retrain.text import prepare_text
-from stages.common import RAW, ROOT, load_params, params_arguments
+from stages.common import RAW, ROOT, argument_parser, load_params, params_arguments
 
 RUNS = ROOT / "runs" / "retrain"
-SETTINGS = common.flow_config()
 
 
 def inbox() -> Path:
@@ -56,7 +56,7 @@ def prepare(domain_text: str, files: list[Path] | None, init: str, work: Path, m
     return prepare_text(domain_text, files, init, max_tokens, work / "texts.txt", say)
 
 
-@common.stage_task(SETTINGS)
+@common.stage_task()
 def fetch_init(work: Path, base_model: str) -> dict[str, Any]:
     """The champion's folder and scores (the base model when none is registered); retried on an MLflow hiccup."""
     from sentcl.model.encoder import resolve_model_path
@@ -74,13 +74,13 @@ def fetch_init(work: Path, base_model: str) -> dict[str, Any]:
     return {"version": str(version), "folder": str(folder), "sts_row": row}
 
 
-@common.stage_task(SETTINGS)
-def stage(command: list[str], env: dict[str, str] | None = None) -> None:
-    common.run_stage(command, env=env)
+@common.stage_task()
+def stage(command: list[str], env: dict[str, str] | None = None, timeout_s: float = 0) -> None:
+    common.run_stage(command, env=env, timeout_s=timeout_s)
 
 
-@flow(name="sentcl-retrain", log_prints=True, timeout_seconds=SETTINGS.flow_timeout_s or None)
-def retrain(
+@flow(name="sentcl-retrain", log_prints=True)
+def run_retrain(
     domain_text: str | None = None,
     domain_dev: str | None = None,
     work_dir: str | None = None,
@@ -94,7 +94,8 @@ def retrain(
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     """Retrain on ``domain_text`` (default: the inbox's new files) with ``method`` (default retrain.method),
-    ``params`` and ``overrides`` given to every stage; ``processed``/``raw``: other data (no `dvc repro`)."""
+    ``params`` and ``overrides`` given to every stage; ``processed``/``raw``: other data (no `dvc repro`).
+    Its tasks' retries and timeouts are those params' ``flows:``; its own timeout, :func:`configured`'s."""
     from prefect.runtime import flow_run
 
     domain_text = str(domain_text or inbox())
@@ -107,6 +108,7 @@ def retrain(
         say(f"nothing new in {domain_text} (all of it is in {inbox() / 'processed'}); nothing registered")
         return {"status": "nothing new", "registered_version": None, "archived": []}
     settings = load_params(params, overrides or ())
+    flows = FlowConfig.from_params(settings)
     config = RetrainConfig.from_params(settings, method)  # teacher.model none with a distill method: refused
     checked = check_text(domain_text, files)
     if dev:
@@ -117,16 +119,18 @@ def retrain(
     tags = {"domain_text_sha256": sha, "trigger": trigger}  # on every run, and on the registered version
     env = {"domain_text": domain_text, "retrain_method": config.method, "flow": "sentcl-retrain"}
     env = common.run_tags_env(tags | env | {"prefect_flow_run_id": str(flow_run.get_id() or "")})
-    init = fetch_init(work, settings["model"]["name"])
+    step_task = common.retried(stage, flows)
+    init = common.retried(fetch_init, flows)(work, settings["model"]["name"])
     text = prepare(domain_text, files, init["folder"], work, int(settings["model"]["max_length"]))
     if not processed:
-        stage([sys.executable, "-m", "dvc", "repro", "validate"])  # STS-B dev for selection, up to date
+        # STS-B dev for selection, up to date
+        step_task([sys.executable, "-m", "dvc", "repro", "validate"], timeout_s=flows.stage_timeout_s)
     name, steps_by = f"retrain-{sha[:8]}", dict.fromkeys(config.objectives, steps)
     label = f"champion version {init['version']}" if init["version"] else "base"
     todo = plan(
         config, settings, Path(text["path"]), init["folder"], work, name, processed, dev, steps_by, label
     )
-    runner = lambda step: stage.with_options(name=step.name)(step.command, env)  # noqa: E731
+    runner = lambda step: step_task.with_options(name=step.name)(step.command, env, flows.stage_timeout_s)  # noqa: E731
     outcome = run(todo, runner, say)
     result = {"method": config.method, "work_dir": str(work), "domain_text_sha256": sha, **outcome.summary()}
     result["text"] = {k: text[k] for k in ("files", "skipped", "sentences", "truncated")}
@@ -136,6 +140,35 @@ def retrain(
         result |= {**register_and_gate(todo, outcome, init, runner, tags, raw or RAW), "status": "gated"}
         print(describe_gate(result))
     return finish(result, files, work, keep=keep or bool(work_dir))
+
+
+def configured(settings: Params) -> Any:
+    """The retrain flow bounded by ``settings`` (params.yaml ``flows.flow_timeout_s`` with the run's
+    overrides): what main() runs, and what the deployments' :func:`retrain` runs once its params are read."""
+    return common.bounded(run_retrain, FlowConfig.from_params(settings))
+
+
+@flow(name="sentcl-retrain", log_prints=True)
+def retrain(
+    domain_text: str | None = None,
+    domain_dev: str | None = None,
+    work_dir: str | None = None,
+    steps: int | None = None,
+    trigger: str = "manual",
+    keep: bool = False,
+    method: str | None = None,
+    params: str | None = None,
+    processed: str | None = None,
+    raw: str | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    """The deployments' entry point (infra/prefect.yaml): the run's params read when it starts, then
+    :func:`run_retrain` bounded by them, as this run's subflow."""
+    settings = load_params(Path(params).resolve() if params else None, overrides or ())
+    options = {"trigger": trigger, "keep": keep, "method": method, "processed": processed, "raw": raw}
+    return configured(settings)(
+        domain_text, domain_dev, work_dir, steps, params=params, overrides=overrides, **options
+    )
 
 
 def register_and_gate(
@@ -167,7 +200,7 @@ def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Retrain the champion on new domain text and gate it.")
+    parser = argument_parser("Retrain the champion on new domain text and gate it.")
     parser.add_argument("--domain-text", default=str(inbox()), help="file or folder (default: the inbox)")
     parser.add_argument("--domain-dev", help="scored pairs: sentence1<TAB>sentence2<TAB>score")
     parser.add_argument("--work-dir", help="a work folder of your own, kept (default: under runs/retrain/)")
@@ -177,7 +210,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Checked here as well as in the flow: bad text or params should not wait for a Prefect server to start.
     try:
-        RetrainConfig.from_params(load_params(args.params, args.overrides))
+        settings = load_params(args.params, args.overrides)
+        RetrainConfig.from_params(settings)
+        flow_run = configured(settings)  # flows: checked too, and applied
         files = domain.new_files(args.domain_text, inbox())
         if files is not None and not files:
             say(f"nothing new in {args.domain_text}; nothing registered")
@@ -186,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         with common.cli_errors("retrain"):
             common.check_prefect_api()
             options = {"keep": args.keep, "params": args.params, "overrides": args.overrides}
-            retrain(args.domain_text, args.domain_dev, args.work_dir, args.steps, **options)
+            flow_run(args.domain_text, args.domain_dev, args.work_dir, args.steps, **options)
     except (domain.DomainTextError, ParamsError) as e:
         print(f"retrain: cannot run: {e}", file=sys.stderr)
         return 2

@@ -24,6 +24,20 @@ PLOTS = ROOT / "plots"
 SHARED_MIRROR = ROOT.parent / "shared" / "senteval"  # the team mirror beside a checkout
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """``argparse.ArgumentParser`` whose refusal of the command line is one line on stderr, exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        fail(f"{self.prog}: {message} (--help lists the options)")
+
+
+def argument_parser(doc: str | None, **options: Any) -> argparse.ArgumentParser:
+    """An entry point's parser: its description is the first line of ``doc`` (the module's docstring), a bad
+    option is one line and exit code 2 (:class:`OneLineParser`)."""
+    description = (doc or "").strip().split("\n")[0] or None
+    return OneLineParser(description=description, **options)
+
+
 def params_arguments(parser: argparse.ArgumentParser) -> None:
     """``--params FILE`` and ``--set KEY=VALUE``: what an entry point reads (``load_params(args.params,
     args.overrides)``) and gives again to every stage it starts (``Params.command``)."""

@@ -22,7 +22,6 @@ is replaced only when the new one is complete.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from sentcl.model.embedding_io import (
     embed,
     read_lines,
 )
-from stages.common import load_params, offline_hub, params_arguments
+from stages.common import argument_parser, load_params, offline_hub, params_arguments
 
 
 def resolve_model_path(model: str) -> str:
@@ -82,7 +81,7 @@ def quiet_loading() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Embed a file of sentences, one a line.")
+    parser = argument_parser(__doc__)
     parser.add_argument("--input", type=Path, required=True, help="UTF-8 text, one sentence a line")
     parser.add_argument("--output", type=Path, required=True, help=" | ".join(SUFFIXES))
     parser.add_argument("--model", default=None, help="folder or models:/ URI (default: the champion)")

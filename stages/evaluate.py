@@ -46,6 +46,7 @@ from stages.common import (
     PROCESSED,
     RAW,
     SEEN,
+    argument_parser,
     load_params,
     missing_model,
     offline_hub,
@@ -148,7 +149,7 @@ def split_scoring(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--model", action="append", default=[], help="DIR, or NAME=DIR (repeatable)")
     parser.add_argument("--data", type=Path, default=RAW, help="SentEval layout folder (default data/raw)")
     parser.add_argument("--output", type=Path, help="JSON file (standalone mode; default: stdout)")

@@ -18,7 +18,6 @@ trained on: ``--calibration-text`` (the retrain flow passes its domain text), el
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -31,7 +30,16 @@ from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
-from stages.common import METRICS, MODELS, PROCESSED, RAW, load_params, offline_hub, params_arguments
+from stages.common import (
+    METRICS,
+    MODELS,
+    PROCESSED,
+    RAW,
+    argument_parser,
+    load_params,
+    offline_hub,
+    params_arguments,
+)
 
 OUTPUT = MODELS / "export"
 
@@ -61,7 +69,7 @@ def calibration_text(path: Path | None, params: dict[str, Any], folder: Path) ->
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--sts", type=Path, default=METRICS / "sts.json", help="STS table by checkpoint")
     parser.add_argument("--model", action="append", default=[], help="NAME=DIR; default models/<NAME>")
     parser.add_argument("--train-metrics", type=Path, default=METRICS / "train")

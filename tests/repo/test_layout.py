@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tests.paths import ROOT
 
-PACKAGES = ("sentcl", "sentcl_mlflow", "sentcl_gx", "stages", "flows", "benchmarks")
+PACKAGES = ("sentcl", "sentcl_mlflow", "sentcl_gx", "stages", "flows", "benchmarks", "sentcl_cli")
 MAX_LINES = 500
 
 # A layer may import itself and the layers listed for it, nothing else of the project.
@@ -36,6 +36,7 @@ MAY_IMPORT = {
     "stages": {"sentcl", "sentcl_gx", "sentcl_mlflow"},
     "flows": {"sentcl", "sentcl_gx", "sentcl_mlflow", "stages"},
     "benchmarks": {"sentcl", "sentcl_gx", "sentcl_mlflow", "stages"},
+    "sentcl_cli": {"sentcl", "sentcl_gx", "sentcl_mlflow", "stages", "flows"},
 }
 
 

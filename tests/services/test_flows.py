@@ -22,6 +22,8 @@ from sentcl_mlflow import store
 from sentcl_mlflow.registry.gate import register_candidate
 from tests.paths import ROOT
 
+NO_WAIT = ["flows.retry_delay_s=0"]  # a transient failure is retried at once
+
 
 @pytest.fixture(scope="session")
 def prefect_server():
@@ -62,12 +64,22 @@ def test_pipeline_runs_dvc_stages_retries_transient_failures_and_lets_dvc_skip(p
     from flows.pipeline import pipeline, stage_names
 
     assert stage_names(dvc_repo) == ["a", "b"]
-    assert pipeline(repo=str(dvc_repo), retry_delay_s=0) == ["a", "b"]
+    assert pipeline(repo=str(dvc_repo), overrides=NO_WAIT) == ["a", "b"]
     assert (dvc_repo / "b.txt").read_text() == "b"
     assert (dvc_repo / "attempts").read_text() == "2"  # failed once (transient), retried once
-    state = pipeline(repo=str(dvc_repo), retry_delay_s=0, return_state=True)
+    state = pipeline(repo=str(dvc_repo), overrides=NO_WAIT, return_state=True)
     assert state.is_completed()
     assert (dvc_repo / "attempts").read_text() == "2"  # DVC said up to date: the stage did not run again
+
+
+def test_set_flows_retries_reaches_a_deployment_run(prefect_server, dvc_repo):
+    """The deployments' entry point reads params.yaml flows: when its run starts: with flows.retries=0 the
+    transient failure that the default retries is the run's end."""
+    from flows.pipeline import pipeline
+
+    state = pipeline(repo=str(dvc_repo), overrides=NO_WAIT + ["flows.retries=0"], return_state=True)
+    assert state.is_failed()
+    assert (dvc_repo / "attempts").read_text() == "1"  # tried once, not retried
 
 
 def test_pipeline_does_not_retry_a_real_failure(prefect_server, dvc_repo):
@@ -78,7 +90,7 @@ def test_pipeline_does_not_retry_a_real_failure(prefect_server, dvc_repo):
         "import sys, pathlib\npathlib.Path('attempts').write_text('x')\n"
         "print('ConnectionError: connection refused; timed out')\nsys.exit(3)\n"
     )
-    state = pipeline(repo=str(dvc_repo), retry_delay_s=0, return_state=True)
+    state = pipeline(repo=str(dvc_repo), overrides=NO_WAIT, return_state=True)
     assert state.is_failed()
     assert (dvc_repo / "attempts").read_text() == "x"
 
@@ -215,7 +227,7 @@ def test_a_hung_stage_times_out_and_fails_its_run(prefect_server, dvc_repo):
         "time.sleep(300)\n"
     )
     started = time.monotonic()
-    state = pipeline(repo=str(dvc_repo), retry_delay_s=0, stage_timeout_s=15, return_state=True)
+    state = pipeline(repo=str(dvc_repo), overrides=NO_WAIT + ["flows.stage_timeout_s=15"], return_state=True)
     assert state.is_failed()
     assert time.monotonic() - started < 120
     assert (dvc_repo / "attempts").read_text() == "1"
@@ -615,7 +627,7 @@ def test_a_progress_bar_becomes_at_most_a_few_lines_of_the_flow_log(capsys):
         "sys.stderr.write('\\rencode 500/500\\n'); sys.stderr.write('\\r' + ' ' * 20 + '\\r')\n"
         "print('done', flush=True)\n"
     )
-    output = run_stage([sys.executable, "-c", bar])
+    output = run_stage([sys.executable, "-c", bar], timeout_s=60)
     printed = capsys.readouterr().out.splitlines()
     assert printed == ["loading", "encode 500/500", "done"]
     assert output.splitlines() == printed

@@ -1,0 +1,5 @@
+import sys
+
+from sentcl_cli.main import main
+
+sys.exit(main())
