@@ -31,14 +31,24 @@ def _mkdocs() -> list[str]:
 
 def test_docs_site_builds_strictly(tmp_path):
     out = subprocess.run(
-        [*_mkdocs(), "build", "--strict", "--quiet", "--site-dir", str(tmp_path / "site")],
+        # never --quiet: it hides the warnings --strict turns into a failure (a link to a missing anchor)
+        [*_mkdocs(), "build", "--strict", "--site-dir", str(tmp_path / "site")],
         cwd=ROOT,
         capture_output=True,
         text=True,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
     )
-    assert out.returncode == 0, out.stdout + out.stderr
+    log = out.stdout + out.stderr
+    assert out.returncode == 0, log
+    assert not [line for line in log.splitlines() if line.startswith("WARNING")], log
     assert (tmp_path / "site" / "index.html").exists()
+    # the README is not a page of the site: its links into the docs are checked against the built pages' ids
+    broken = [
+        f"{page}#{anchor}"
+        for page, anchor in re.findall(r"\]\(docs/([\w-]+)\.md#([\w-]+)\)", (ROOT / "README.md").read_text())
+        if f'id="{anchor}"' not in (tmp_path / "site" / page / "index.html").read_text()
+    ]
+    assert not broken, f"README.md links to anchors the docs do not have: {broken}"
     # drafts from other branches are never published
     assert not (tmp_path / "site" / "_incoming").exists()
 
