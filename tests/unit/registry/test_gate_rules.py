@@ -120,8 +120,10 @@ def test_gate_config_comes_from_params_yaml_only():
     )
     with open(ROOT / "params.yaml") as f:
         params = yaml.safe_load(f)
+    params["registry"]["min_delta"] = 0.123  # a value no default in code could hold by chance
+    params["registry"]["model_name"] = "team-encoder"
     config = GateConfig.from_params(params)
-    assert config.min_delta == float(params["registry"]["min_delta"])
+    assert config.min_delta == 0.123 and config.model_name == "team-encoder"
     assert config.model_name != config.experiment_model_name
 
 

@@ -91,12 +91,19 @@ def test_selection_keeps_the_best_evaluation_and_stops_early(tiny_model):
     encoder, result = fit(tiny_model, steps=40, eval_steps=2, patience=2, lr=5e-3)
     scores = [r["stsb_dev"] for r in result.rows if r["stsb_dev"] is not None]
     assert result.best_score == max(scores) and result.rows[0]["step"] == 0
-    if result.stopped_early:
-        assert result.steps < 40 and scores[-2:] <= [result.best_score] * 2
     from sentcl.evaluation.sts import STSEvaluator
 
     rescored = STSEvaluator(DEV)(lambda s: encoder.encode(s, pooling="last-avg"))
     assert rescored == pytest.approx(result.best_score, abs=1e-4)  # the encoder holds the selected weights
+
+
+def test_patience_stops_a_run_whose_evaluations_never_count_as_better(tiny_model):
+    # min_delta 100: no evaluation can beat the init by that, so the run stops after `patience` evaluations
+    encoder, result = fit(tiny_model, steps=40, eval_steps=2, patience=2, min_delta=100.0)
+    assert result.stopped_early and result.steps == 4
+    assert [r["step"] for r in result.rows if r["stsb_dev"] is not None] == [0, 2, 4]
+    assert result.best_step == 0 and not result.beat_init
+    assert_same_weights(weights(encoder), weights(Encoder.from_pretrained(str(tiny_model))))
 
 
 def test_non_finite_loss_names_the_step(tiny_model):
