@@ -27,7 +27,7 @@ teacher stage encodes the text once per mode; with the dev pairs it scores teach
 
 It starts from the base model (params ``model.name``) by default; ``--from champion`` downloads the registered
 champion (read only) and ``--from DIR`` takes a model folder. It registers nothing, in no store: the gate's
-decision is the registry's own rule (sentcl.registry.gate_decision, params ``registry:``) applied to the STS-B
+decision is the registry's own rule (sentcl.registry.rules.gate_decision, params ``registry:``) applied to the STS-B
 dev and gate-set scores after against before (the starting model as champion): the gate set is the dev pairs
 with labels, the held-out gate part's agreement pairs without; the retrain flow's gate also checks SICK-R trial.
 

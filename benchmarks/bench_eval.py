@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(f"speed-up: {peer_s / ours_s:.2f}x   largest score difference: {worst:.4f} (tolerance {TOLERANCE})")
     # Per subset, the peer's own float noise shows: it encodes the two sides of a pair of identical sentences
-    # in different batches, so their cosine is 1 +- 1e-7 and those ties break at random (see sentcl.sts.cosine).
+    # in different batches, so their cosine is 1 +- 1e-7 and those ties break at random (see sentcl.evaluation.sts.cosine).
     print(f"largest per-subset difference: {subset_gap:.4f} ({worst_subset})")
     if worst > TOLERANCE:
         print("FAIL: scores differ by more than the tolerance", file=sys.stderr)

@@ -1,7 +1,7 @@
 """A PromptBERT transfer run on the bundled model, outside the trainer. The `promptbert` preset now runs in the
 stage itself (`python -m stages.transfer --init base --preset promptbert --output DIR`, with early stopping and
 selection on STS-B dev); this script stays as the no-selection variant: the same texts, seed, steps and batch as
-the `transfer` stage, PromptBERT's objective (sentcl.prompt.PromptContrastiveLoss: two templates, each denoised,
+the `transfer` stage, PromptBERT's objective (sentcl.training.objectives.promptbert.PromptContrastiveLoss: two templates, each denoised,
 training-only MLP head, InfoNCE) and its lr/temperature; no early stopping. The folder it writes carries its pooling
 (the first training template, no delta: kongds/Prompt-BERT run.sh `unsup-bert` eargs), so
 

@@ -4,7 +4,7 @@
 
 What ``mlflow models serve -m models:/...`` does, with checks in front of it and limits around it:
 
-- the version is downloaded with :func:`sentcl_mlflow.registry.download_verified`: every file (weights,
+- the version is downloaded with :func:`sentcl_mlflow.registry.download.download_verified`: every file (weights,
   tokenizer, MLmodel, the serving code) must match the manifest recorded at registration, or nothing loads
   (one line, exit 2);
 - a request is bounded by params.yaml ``serve:`` (:class:`ServeLimits`): a body over ``max_body_bytes`` is

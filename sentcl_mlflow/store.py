@@ -155,10 +155,6 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{repo_root() / 'mlflow.db'}"
 
 
-def artifact_root() -> Path:
-    return repo_root() / "mlartifacts"
-
-
 def tracking_enabled() -> bool:
     """``SENTCL_MLFLOW=0`` switches tracking off, for unit tests of stages that do not test tracking."""
     return os.environ.get("SENTCL_MLFLOW", "1").lower() not in ("0", "false", "off", "no")

@@ -17,7 +17,7 @@ from stages.common import RAW, SHARED_MIRROR, load_params
 
 
 def fetch(config: FetchConfig, output: Path = RAW) -> dict:
-    """``sentcl.fetching.fetch`` with this checkout's team mirror; returns the manifest."""
+    """``sentcl.data.fetching.fetch`` with this checkout's team mirror; returns the manifest."""
     return fetch_into(config, output, SHARED_MIRROR)
 
 

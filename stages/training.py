@@ -59,7 +59,7 @@ def transfer_texts(choice: str, pairs: pd.DataFrame, nli: pd.DataFrame, raw: Pat
 
 def read_texts(path: Path) -> list[str]:
     """Domain sentences from a text file (one a line) or a folder of them, as the retraining flow reads its inbox
-    (``sentcl.domain.read_domain_text``: unreadable files skipped with one warning each). Long lines are kept:
+    (``sentcl.data.domain.read_domain_text``: unreadable files skipped with one warning each). Long lines are kept:
     the tokenizer truncates them. No usable text: one line, exit 2."""
     try:
         return read_domain_text(path, warn=log.warning).sentences

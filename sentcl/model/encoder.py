@@ -56,7 +56,9 @@ def pool(hidden_states: Sequence[torch.Tensor], attention_mask: torch.Tensor, po
     if pooling == "first-last-avg":
         return _masked_mean((hidden_states[-1] + hidden_states[0]) / 2, attention_mask)
     if pooling == "prompt":
-        raise ValueError("prompt pooling needs input_ids and a template: use sentcl.prompt.PromptPooler")
+        raise ValueError(
+            "prompt pooling needs input_ids and a template: use sentcl.model.prompt.PromptPooler"
+        )
     raise ValueError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
 
 
@@ -99,7 +101,7 @@ class Encoder(nn.Module):
         return cls(model, tokenizer, pooling, max_length, prompt, normalize=has_normalize(path))
 
     def prompt_pooler(self):
-        """The ``sentcl.prompt.PromptPooler`` for this encoder's tokenizer, template and max_length."""
+        """The ``sentcl.model.prompt.PromptPooler`` for this encoder's tokenizer, template and max_length."""
         from sentcl.model.prompt import PromptPooler
 
         if self.prompt is None:

@@ -85,14 +85,3 @@ def write_model_pooling(folder: str | Path, pooling: ModelPooling) -> Path:
     path = Path(folder) / POOLING_FILE
     path.write_text(json.dumps(pooling.to_json(), indent=2) + "\n")
     return path
-
-
-def choose_pooling(
-    folder: str | Path,
-    default: ModelPooling,
-    override: ModelPooling | None = None,
-) -> ModelPooling:
-    """A flag's pooling wins, then the folder's own, then the caller's default."""
-    if override is not None:
-        return override
-    return read_model_pooling(folder) or default

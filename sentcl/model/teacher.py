@@ -41,7 +41,7 @@ class TeacherError(ValueError):
 
 
 TEACHER_KEYS = ("model", "install", "pieces", "folder", "backend", "max_tokens")
-TEACHER_BACKENDS = ("onnx", "torch")  # sentcl.fast_encode.BACKENDS, the evaluate stage's fast path
+TEACHER_BACKENDS = ("onnx", "torch")  # sentcl.model.fast_encode.BACKENDS, the evaluate stage's fast path
 
 
 @dataclass(frozen=True)

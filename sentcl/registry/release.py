@@ -59,7 +59,7 @@ class OnnxMismatchError(ValueError):
 
 def best_existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path], max_dev_drop: float) -> str:
     """The checkpoint with the best selection score among those whose folder exists and whose dev guards hold
-    (sentcl.registry.choose_checkpoint); ``LookupError`` when none does."""
+    (sentcl.registry.rules.choose_checkpoint); ``LookupError`` when none does."""
     available = {name for name, folder in folders.items() if folder.exists()}
     return choose_checkpoint(sts, available, max_dev_drop)
 

@@ -60,7 +60,7 @@ def transfer_texts(
     ``consert``: ConSERT's corpus (all STS/SICK lines, dev included). ``inductive``: STS-B train, SICK train and
     the NLI sentences, without any sentence of a dev or test split. "The same sentence" is the project's one rule
     (``sentcl.data.roles.normalise``), and each sentence is in the text once (``sentcl.data.texts``). Anything else
-    is a ``.txt`` file or a folder of them (``sentcl.domain.read_domain_text``, whose skipped files are warnings on
+    is a ``.txt`` file or a folder of them (``sentcl.data.domain.read_domain_text``, whose skipped files are warnings on
     ``log``).
 
     An unknown choice raises ``TextChoiceError``; a file or folder without usable text, ``DomainTextError``."""
@@ -154,9 +154,9 @@ def distill_examples(
     student: Any = None,
 ) -> list[Any]:
     """What objective distill trains on (``settings.examples``):
-    the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.distill.neighbour_groups``),
+    the sentences; each with its ``neighbours`` nearest teacher neighbours (``sentcl.training.objectives.distill.neighbour_groups``),
     of which ``keep_hardest`` (the share the ``student(sentences) -> vectors`` disagrees with the teacher on most);
-    or the ``choice`` text's unlabeled pairs (``sentcl.texts.text_pairs``). A text without pairs, or too short:
+    or the ``choice`` text's unlabeled pairs (``sentcl.data.texts.text_pairs``). A text without pairs, or too short:
     ``TextChoiceError``."""
     kind, neighbours = settings.examples, settings.neighbours
     if teacher is None:

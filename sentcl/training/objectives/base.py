@@ -15,7 +15,7 @@ objective          examples                     loss
                                                 damaged copy (sentence-transformers' DenoisingAutoEncoderLoss)
 ``PromptBERT``     sentences (transfer) or      InfoNCE between a sentence's two templates, each denoised,
                    triplets (nli)               after the MLP head; supervised SimCSE under one template
-                                                (``sentcl.prompt.PromptBERTObjective``)
+                                                (``sentcl.training.objectives.promptbert.PromptBERTObjective``)
 =================  ===========================  =====================================================
 """
 

@@ -1,7 +1,7 @@
 """Distillation from a stronger encoder (the teacher) on unlabeled text: the ``distill`` objective piece.
 
 The teacher never runs during training: its vectors are computed once per text (``stages.teacher``, fp16) and
-looked up by sentence (``sentcl.teacher.TeacherVectors``). Three losses, weighted by ``distill.weight``:
+looked up by sentence (``sentcl.model.teacher.TeacherVectors``). Three losses, weighted by ``distill.weight``:
 
 ``similarity_mse``  the student's in-batch cosine matrix regressed on the teacher's (MSE over the off-diagonal
                     entries). Dimension-free: a 384-d student learns from a 768-d teacher without a projection.

@@ -17,7 +17,7 @@ from sentcl.training.objectives.tsdae import TSDAE
 def build_objective(config: Any, dim: int, encoder: Encoder | None = None, teacher: Any = None) -> Objective:
     """The objective of a ``TrainConfig``: the one place that reads ``mode`` and ``objective``. TSDAE builds its
     decoder from (and ties it to) ``encoder``; PromptBERT tokenizes with its tokenizer; distill reads the
-    ``teacher``'s stored vectors (``sentcl.teacher.TeacherVectors``)."""
+    ``teacher``'s stored vectors (``sentcl.model.teacher.TeacherVectors``)."""
     if config.objective == "distill":  # sentcl/training/objectives/distill.py
         return _distill(config, dim, teacher)
     if config.objective == "promptbert":

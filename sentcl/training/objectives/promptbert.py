@@ -56,7 +56,7 @@ MLPHead = MLPProjection
 class PromptContrastiveLoss(nn.Module):
     """PromptBERT's unsupervised objective: the two views of a sentence are the sentence under two templates,
     each denoised by its own template's delta (models.py ``cl_forward``: ``delta``/``delta1``, ``blen`` per
-    template), then the training-only MLP head, then SimCSE's InfoNCE (sentcl.losses.info_nce, the same arithmetic
+    template), then the training-only MLP head, then SimCSE's InfoNCE (sentcl.training.losses.info_nce, the same arithmetic
     as models.py ``cos_sim = cls.sim(z1, z2)``; ``CrossEntropyLoss(cos_sim, arange)``) at ``temperature`` (0.05).
 
     ``loss(model, tokenizer, sentences)``; ``views`` gives (z1, z2) before the loss for trainers that gather
@@ -102,7 +102,7 @@ class PromptBERTObjective(nn.Module):
       denoised, supervised SimCSE (models.py ``cl_forward`` with ``num_sent == 3``, hard_negative_weight 0).
       The authors' sup-bert also trains BERT's MLM transform over the [MASK] state (``org_mlp``): not here.
 
-    ``contrastive``: the unsupervised loss (``sentcl.losses.info_nce``, the paper's; the trainer passes its
+    ``contrastive``: the unsupervised loss (``sentcl.training.losses.info_nce``, the paper's; the trainer passes its
     ``loss`` setting). Triplets always use supervised SimCSE, as ``sentcl.training.objectives.contrastive.SupSimCSE``.
 
     The encoder runs in whatever train/eval mode the trainer set (dropout), under the Embedder's autocast.
