@@ -31,7 +31,7 @@ import numpy as np
 import pandas as pd
 
 from sentcl.model import teacher as T
-from sentcl.model.fast_encode import EXPORT_TOLERANCE, FastEncoder, _ort_session, cpu_threads
+from sentcl.model.fast_encode import EXPORT_TOLERANCE, FastEncoder, cpu_threads, ort_session
 from sentcl.model.folder import transformer_folder
 from sentcl.training.teacher_run import local_teacher
 from stages.common import PROCESSED, ROOT, load_params
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
         def on_graph(path: str) -> Callable[[], np.ndarray]:
             """The stage's own encoder (one thread, in this process) running ``path`` instead of its export."""
             encoder = copy.copy(one)  # its tokenizer and batching; only the session differs
-            encoder.session = _ort_session(path, 1, spin=True)
+            encoder.session = ort_session(path, 1, spin=True)
             return lambda: encoder(sentences)
 
         sessions = {name: on_graph(path) for name, path in graphs.items()}

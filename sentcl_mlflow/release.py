@@ -68,7 +68,7 @@ def log_and_register(
             experiment=run_experiment(info["model_name"], GateConfig.from_params(params)),
         )
         if gate_inputs:
-            _log_gate_inputs(run_id, Path(domain_dev))
+            log_gate_inputs(run_id, Path(domain_dev))
         timings["seconds_log_model"] = round(time.time() - started, 2)
         return model_uri, run_id
 
@@ -114,7 +114,7 @@ def log_and_register(
     return result
 
 
-def _log_gate_inputs(run_id: str, domain_dev: Path) -> None:
+def log_gate_inputs(run_id: str, domain_dev: Path) -> None:
     import shutil
     import tempfile
 

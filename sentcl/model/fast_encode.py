@@ -54,7 +54,7 @@ def default_workers(threads: int) -> int:
     return max(1, min(threads, MAX_WORKERS))
 
 
-def _ort_session(path: str, threads: int, spin: bool):
+def ort_session(path: str, threads: int, spin: bool):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -71,7 +71,7 @@ _worker_session = None
 
 def _worker_start(path: str, threads: int) -> None:
     global _worker_session
-    _worker_session = _ort_session(path, threads, spin=True)
+    _worker_session = ort_session(path, threads, spin=True)
 
 
 def _worker_run(batch: tuple[np.ndarray, np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
@@ -232,7 +232,7 @@ class FastEncoder:
                     dynamo=False,
                 )
             self.onnx_path = str(onnx_path)
-            self.session = _ort_session(self.onnx_path, self.threads, spin=False)
+            self.session = ort_session(self.onnx_path, self.threads, spin=False)
             self._check_onnx()
             self.backend = "onnx"
         except Exception as error:  # any model the exporter cannot handle still gets evaluated, slower
@@ -254,7 +254,7 @@ class FastEncoder:
                 f"{self.model_path}: no {INT8_FILE} (the export stage writes it when int8 is within tolerance)"
             )
         self.onnx_path = str(path)
-        self.session = _ort_session(self.onnx_path, self.threads, spin=False)
+        self.session = ort_session(self.onnx_path, self.threads, spin=False)
         self.backend = "int8"
 
     def _check_onnx(self) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from sentcl.training.objectives.base import Embedder, Objective, Reps
-from sentcl.training.runtime import _rng_state, _set_rng_state
+from sentcl.training.runtime import rng_state, set_rng_state
 
 
 class ObjectiveLoss:
@@ -58,9 +58,9 @@ class CachedLoss:
         states, cached = [], []
         with torch.no_grad():
             for part in micro:
-                states.append(_rng_state(generator))
+                states.append(rng_state(generator))
                 cached.append(self.loss.representations(part))
-        end_state = _rng_state(generator)
+        end_state = rng_state(generator)
         leaves = {
             key: torch.cat([c[key].detach() for c in cached]).requires_grad_(
                 cached[0][key].is_floating_point()
@@ -91,7 +91,7 @@ class CachedLoss:
         offset = 0
         with torch.enable_grad():
             for part, state in zip(micro, states, strict=True):
-                _set_rng_state(state, generator)
+                set_rng_state(state, generator)
                 reps = self.loss.representations(part)
                 size = len(part)
                 pairs = [
@@ -101,7 +101,7 @@ class CachedLoss:
                 ]
                 torch.autograd.backward([r for r, _ in pairs], [g for _, g in pairs])
                 offset += size
-        _set_rng_state(end_state, generator)
+        set_rng_state(end_state, generator)
 
 
 def _rows_per_item(reps: Reps, size: int) -> dict[str, int]:

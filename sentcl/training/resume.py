@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from sentcl.training.objectives.contrastive import MomentumQueue
-from sentcl.training.runtime import _rng_state, _set_rng_state
+from sentcl.training.runtime import rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +82,10 @@ class ResumeState:
     def save(self, progress: dict[str, Any]) -> None:
         """Write ``progress`` (the loop's step, rows, scores, best weights) with everything that resumes it.
         Every rank calls it: each contributes its random state."""
-        rngs = [_rng_state(self.generator)]
+        rngs = [rng_state(self.generator)]
         if self.world > 1:
             rngs = [None] * self.world
-            torch.distributed.all_gather_object(rngs, _rng_state(self.generator))
+            torch.distributed.all_gather_object(rngs, rng_state(self.generator))
         if self.rank != 0 or self.path is None:
             return
         self.folder.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,7 @@ class ResumeState:
         if self.queue is not None:
             self.queue.model.load_state_dict(payload["momentum_model"])
             self.queue.negatives = payload["queue"].to(self.device)
-        _set_rng_state(payload["rng"][self.rank], self.generator)
+        set_rng_state(payload["rng"][self.rank], self.generator)
         return payload
 
     def remove(self) -> None:

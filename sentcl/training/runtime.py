@@ -72,7 +72,7 @@ class BatchOrder:
 # --- random state ---------------------------------------------------------------------------------------
 
 
-def _rng_state(generator: torch.Generator) -> dict[str, Any]:
+def rng_state(generator: torch.Generator) -> dict[str, Any]:
     state = {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -90,7 +90,7 @@ def _numpy_state() -> tuple:
     return (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss)
 
 
-def _set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
+def set_rng_state(state: dict[str, Any], generator: torch.Generator) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     name, keys, pos, has_gauss, gauss = state["numpy"]

@@ -22,7 +22,7 @@ from sentcl.registry.rules import REFUSED, TAG_ROLLED_BACK, TAG_STATE
 from sentcl_mlflow.errors import GateRefusedError
 from sentcl_mlflow.pyfunc_checks import DOWNLOAD_META, TAG_MANIFEST, compiled_from, file_sha256
 from sentcl_mlflow.registry.measure import refuse, verified_download
-from sentcl_mlflow.registry.names import CHAMPION, _now, _version_or_none
+from sentcl_mlflow.registry.names import CHAMPION, utc_timestamp, version_or_none
 from sentcl_mlflow.registry.owned import TAG_SIZES
 from sentcl_mlflow.store import caller_identity
 
@@ -53,7 +53,7 @@ def champion_problem(
 ) -> tuple[Any, str] | None:
     """(the champion, one line saying which of its stored files differs from the gate's record), or None when it
     holds (or there is no champion, or it has no manifest to check against). ``full``: download every file."""
-    champ = _version_or_none(mlc, name, CHAMPION)
+    champ = version_or_none(mlc, name, CHAMPION)
     if champ is None or not (champ.tags or {}).get(TAG_MANIFEST):
         return None
     what = f"models:/{name}/{champ.version}"
@@ -106,7 +106,7 @@ def restore_verified_champion(mlc: MlflowClient, name: str, reason: str, lease: 
     """With the promotion lease held: the champion, whose files failed (``reason``), tagged refused, and
     ``champion`` moved to the newest earlier champion (along ``previous_champion``) whose files verify in full;
     removed when none does. Returns the line that says what was done."""
-    champ = _version_or_none(mlc, name, CHAMPION)
+    champ = version_or_none(mlc, name, CHAMPION)
     if champ is None:
         return f"gate: {name} has no champion any more; nothing to restore"
     refuse(mlc, name, str(champ.version), reason)
@@ -130,7 +130,7 @@ def restore_verified_champion(mlc: MlflowClient, name: str, reason: str, lease: 
         for key, value in {
             "restored_by": caller_identity(),  # the account the server authenticated: the gate's
             "restored_reason": f"champion {champ.version} failed verification: {reason}",
-            "restored_at": _now(),
+            "restored_at": utc_timestamp(),
         }.items():
             mlc.set_model_version_tag(name, previous, key, value)
         return (

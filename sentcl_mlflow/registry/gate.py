@@ -42,17 +42,17 @@ from sentcl_mlflow.registry.names import (
     CHAMPION,
     READY,
     REGISTERING,
-    _now,
-    _version_or_none,
     gate_config,
     target_model_name,
+    utc_timestamp,
+    version_or_none,
 )
 from sentcl_mlflow.registry.owned import Owned, own_download, register_owned
 from sentcl_mlflow.registry.versions import (
-    _register_locked,
-    _rolled_back_weights,
     fail_orphaned_runs,
     finish_unfinished,
+    register_locked,
+    rolled_back_weight_digests,
 )
 from sentcl_mlflow.store import caller_identity, client
 
@@ -156,7 +156,7 @@ def register_and_gate(
     with promotion_lock(name, mlc=mlc) as lease:
         finish_unfinished(mlc, name)
         fail_orphaned_runs(mlc, lease)
-        version, created = _register_locked(
+        version, created = register_locked(
             mlc, name, model_uri, stsb_dev, sts_all, weights_sha256, tags, run_id
         )
         result: dict[str, Any] = {"model": name, "version": version, "created": created}
@@ -219,7 +219,7 @@ def _gate_locked(mlc: MlflowClient, job: Judgment) -> dict[str, Any]:
     the files it scored becomes a version of ``job.name``, verified, and ``champion`` is set there."""
     started = time.time()
     source, version = job.source or job.name, job.version
-    cand = mlc.get_model_version(source, version) if version else _version_or_none(mlc, source, CHALLENGER)
+    cand = mlc.get_model_version(source, version) if version else version_or_none(mlc, source, CHALLENGER)
     if cand is None:
         raise LookupError(f"no {CHALLENGER!r} version of {source!r} to gate; run the export stage first")
     with tempfile.TemporaryDirectory(prefix="sentcl-gate-") as tmp:
@@ -247,8 +247,8 @@ def _decide(
     tags = dict(cand.tags or {})
     if owned is not None and owned.weights:
         tags[TAG_WEIGHTS] = owned.weights  # what blocks and "already champion" compare: the gate's own hash
-    champ = _version_or_none(mlc, name, CHAMPION)
-    blocked = promotion_blocked(tags, _rolled_back_weights(mlc, name), forced_by)
+    champ = version_or_none(mlc, name, CHAMPION)
+    blocked = promotion_blocked(tags, rolled_back_weight_digests(mlc, name), forced_by)
     measured_tags: dict[str, str] = {}
     if source == name:
         same_as_champion = champ is not None and str(champ.version) == str(cand.version)
@@ -318,7 +318,7 @@ def _decide(
             lease.check()
             mlc.set_model_version_tag(name, target, "gate.lease_token", lease.token)
         mlc.set_registered_model_alias(name, CHAMPION, target)
-        after = _version_or_none(mlc, name, CHAMPION)
+        after = version_or_none(mlc, name, CHAMPION)
         if after is None or str(after.version) != target:
             raise RuntimeError(
                 f"champion of {name!r} reads back as {after.version if after else None} after moving it to "
@@ -333,7 +333,7 @@ def _decide(
         "gate.champion_before": champ.version if champ is not None else "",
         "gate.min_delta": str(config.min_delta),
         "gate.max_dev_drop": str(config.max_dev_drop),
-        "gate.at": _now(),
+        "gate.at": utc_timestamp(),
         "gate.by": identity,  # the account the server authenticated, never free text
     }
     if note:
@@ -435,7 +435,7 @@ def rollback(
     identity, note = caller_identity(), _note(actor)
     by = {"_by": identity, **({"_by_note": note} if note else {})}
     with promotion_lock(name, mlc=mlc) as lease:
-        champ = _version_or_none(mlc, name, CHAMPION)
+        champ = version_or_none(mlc, name, CHAMPION)
         if champ is None:
             raise NoChampionError(f"{name!r} has no champion to roll back")
         previous = (champ.tags or {}).get("previous_champion")
@@ -449,7 +449,7 @@ def rollback(
             prefix="sentcl-rollback-"
         ) as tmp:  # its files, before it is champion
             verified_download(mlc, name, str(previous), Path(tmp))
-        stamp = _now()
+        stamp = utc_timestamp()
         # Marked first: from here on no gate can promote it, whatever happens to the rest of this call.
         for key, value in {
             TAG_ROLLED_BACK: "true",
@@ -460,7 +460,7 @@ def rollback(
             mlc.set_model_version_tag(name, champ.version, key, value)
         lease.check()
         mlc.set_registered_model_alias(name, CHAMPION, previous)
-        challenger = _version_or_none(mlc, name, CHALLENGER)
+        challenger = version_or_none(mlc, name, CHALLENGER)
         if challenger is not None and str(challenger.version) == str(champ.version):
             mlc.delete_registered_model_alias(name, CHALLENGER)
         restored = {
@@ -470,7 +470,7 @@ def rollback(
         }
         for key, value in restored.items():
             mlc.set_model_version_tag(name, previous, key, value)
-        after = _version_or_none(mlc, name, CHAMPION)
+        after = version_or_none(mlc, name, CHAMPION)
         if after is None or str(after.version) != str(previous):
             raise RuntimeError(
                 f"champion of {name!r} reads back as {after and after.version}, not {previous}"

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from sentcl_mlflow import runs
 from sentcl_mlflow.errors import PromotionLockTimeout, describe, unreachable
-from sentcl_mlflow.registry.names import _error_code
+from sentcl_mlflow.registry.names import mlflow_error_code
 from sentcl_mlflow.store import (
     TrackingAuthError,
     TrackingUnavailableError,
@@ -76,7 +76,7 @@ class Lease:
                     self.model, self.token, description=f"held; renewal {self._renewals}"
                 )
             except MlflowException as e:
-                if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+                if mlflow_error_code(e) == "RESOURCE_DOES_NOT_EXIST":
                     self._lost = e
                     raise PromotionLeaseLost(
                         f"promotion lease {self.model} token {self.token} was broken by another process "
@@ -145,14 +145,14 @@ def _lease_model(mlc: MlflowClient, name: str) -> str:
     try:
         mlc.get_registered_model(lease)
     except MlflowException as e:
-        if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+        if mlflow_error_code(e) != "RESOURCE_DOES_NOT_EXIST":
             raise
         try:  # a store without `auth setup` (the local sqlite store): the first gate creates it
             mlc.create_registered_model(
                 lease, description=f"promotion lease of {name!r}: one version per holder or waiter"
             )
         except MlflowException as e2:
-            if _error_code(e2) != "RESOURCE_ALREADY_EXISTS":
+            if mlflow_error_code(e2) != "RESOURCE_ALREADY_EXISTS":
                 raise
     return lease
 
@@ -193,7 +193,7 @@ def promotion_lock(
             ).version
         )
     except MlflowException as e:
-        if _error_code(e) == "PERMISSION_DENIED":
+        if mlflow_error_code(e) == "PERMISSION_DENIED":
             who = os.environ.get("MLFLOW_TRACKING_USERNAME") or "this account"
             raise PromotionLeaseDenied(
                 f"promotion of {name!r}: {who} may not take its lease {lease_model!r}; only the gate's "
@@ -226,7 +226,7 @@ def promotion_lock(
                         f"{(v.tags or {}).get('owner', '?')} ({why})"
                     )
                 except MlflowException as e:
-                    if _error_code(e) != "RESOURCE_DOES_NOT_EXIST":
+                    if mlflow_error_code(e) != "RESOURCE_DOES_NOT_EXIST":
                         raise
             if time.monotonic() > deadline:
                 holder = (ahead[0].tags or {}).get("owner", "?")
@@ -310,7 +310,7 @@ def _release(held: Lease, error: BaseException | None = None) -> bool:
             held.mlc.delete_model_version(held.model, held.token)
         return True
     except MlflowException as e:
-        if _error_code(e) == "RESOURCE_DOES_NOT_EXIST":
+        if mlflow_error_code(e) == "RESOURCE_DOES_NOT_EXIST":
             return True
         if quick or unreachable(e):
             return False

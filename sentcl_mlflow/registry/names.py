@@ -60,15 +60,15 @@ def run_experiment(model_name: str, config: GateConfig | None = None) -> str:
     return production_experiment() if model_name == config.model_name else EXPERIMENT
 
 
-def _now() -> str:
+def utc_timestamp() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def _error_code(error: Exception) -> str:
+def mlflow_error_code(error: Exception) -> str:
     return str(getattr(error, "error_code", ""))
 
 
-def _version_or_none(mlc: MlflowClient, name: str, alias: str):
+def version_or_none(mlc: MlflowClient, name: str, alias: str):
     from mlflow.exceptions import MlflowException
 
     try:

@@ -25,9 +25,9 @@ from sentcl_mlflow.registry.names import (
     CHAMPION,
     READY,
     REGISTERING,
-    _error_code,
-    _now,
-    _version_or_none,
+    mlflow_error_code,
+    utc_timestamp,
+    version_or_none,
 )
 from sentcl_mlflow.registry.owned import TAG_SIZES
 from sentcl_mlflow.store import git_commit
@@ -65,13 +65,13 @@ def _all_versions(mlc: MlflowClient, name: str) -> list:
 def finish_unfinished(mlc: MlflowClient, name: str) -> list[str]:
     """Versions an interrupted run left at ``registering``: finished if ``champion`` already moved to them
     (the gate had decided), deleted otherwise. Call with the lease held."""
-    champ = _version_or_none(mlc, name, CHAMPION)
+    champ = version_or_none(mlc, name, CHAMPION)
     done = []
     for version in _all_versions(mlc, name):
         if (version.tags or {}).get(TAG_STATE) != REGISTERING:
             continue
         if champ is not None and str(champ.version) == str(version.version):
-            mlc.set_model_version_tag(name, version.version, "gate.finished_by_cleanup", _now())
+            mlc.set_model_version_tag(name, version.version, "gate.finished_by_cleanup", utc_timestamp())
             mlc.set_model_version_tag(name, version.version, TAG_STATE, READY)
             print(f"registry: finished version {version.version} (champion already pointed at it)")
         else:
@@ -90,7 +90,7 @@ def _same_weights(mlc: MlflowClient, name: str, digest: str):
     return None
 
 
-def _rolled_back_weights(mlc: MlflowClient, name: str) -> set[str]:
+def rolled_back_weight_digests(mlc: MlflowClient, name: str) -> set[str]:
     found = set()
     for version in _all_versions(mlc, name):
         tags = version.tags or {}
@@ -108,12 +108,12 @@ def _create_version(mlc: MlflowClient, name: str, model_uri: str, run_id: str | 
     try:  # an artifact location of a run (the server wants the run that holds it)
         mlc.create_registered_model(name)
     except MlflowException as e:
-        if _error_code(e) != "RESOURCE_ALREADY_EXISTS":
+        if mlflow_error_code(e) != "RESOURCE_ALREADY_EXISTS":
             raise
     return str(mlc.create_model_version(name, model_uri, run_id=run_id, tags=tags).version)
 
 
-def _register_locked(
+def register_locked(
     mlc: MlflowClient,
     name: str,
     model_uri: str | Callable[[], tuple[str, str | None]],

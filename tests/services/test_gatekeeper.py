@@ -110,14 +110,14 @@ def _register(
     tags its registrant claims. ``before_ready(run_id, version)`` runs after the registration manifest is recorded
     and before the version is ``ready`` (what the gate process waits for), so nothing races it."""
     from sentcl_mlflow.registry.lease import promotion_lock
-    from sentcl_mlflow.registry.versions import _register_locked
+    from sentcl_mlflow.registry.versions import register_locked
 
     mlc = store.client()
     run_id = mlc.create_run(store.experiment_id(mlc), run_name=folder.name).info.run_id
     mlc.log_artifacts(run_id, str(folder), "model")
     mlc.set_terminated(run_id)
     with promotion_lock(CANDIDATES, mlc=mlc):  # what register_candidate does, with a pause before `ready`
-        version, created = _register_locked(
+        version, created = register_locked(
             mlc,
             CANDIDATES,
             f"{mlc.get_run(run_id).info.artifact_uri}/model",
@@ -309,7 +309,7 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     the gate scores the candidate and the champion on them; a file changed after registration is a refusal."""
     from sentcl.evaluation.sts import cosine
     from sentcl.model.fast_encode import FastEncoder
-    from sentcl_mlflow.release import _log_gate_inputs
+    from sentcl_mlflow.release import log_gate_inputs
 
     as_user(monkeypatch, REGISTRAR)
     mlc = store.client()
@@ -324,7 +324,7 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     )
     inputs = {TAG_GATE_INPUTS: gate_inputs_tag(dev)}
     version, _ = _register(
-        gate_process["other"], 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev)
+        gate_process["other"], 99.0, 99.0, inputs, lambda run, _: log_gate_inputs(run, dev)
     )
     found = _verdict(version)
     tags = mlc.get_model_version(CANDIDATES, version).tags
@@ -338,7 +338,7 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     def log_changed(
         run: str, _version: str
     ) -> None:  # logged, then overwritten (a teammate's EDIT on the experiment)
-        _log_gate_inputs(run, dev)
+        log_gate_inputs(run, dev)
         mlc.log_artifact(run, str(changed), DOMAIN_DEV_ARTIFACT.rsplit("/", 1)[0])
 
     version, _ = _register(gate_process["fourth"], 99.0, 99.0, inputs, log_changed)
@@ -395,7 +395,7 @@ def test_pairs_the_registrant_fabricated_never_outvote_stsb_dev_and_approved_one
 
     from sentcl.evaluation.sts import cosine
     from sentcl.model.fast_encode import FastEncoder
-    from sentcl_mlflow.release import _log_gate_inputs
+    from sentcl_mlflow.release import log_gate_inputs
 
     pairs = gate_process["processed"] / "pairs.parquet"
     folder = _changed_on_the_domain(gate_process["good"], tmp_path / "changed", scale=2.0)
@@ -417,7 +417,7 @@ def test_pairs_the_registrant_fabricated_never_outvote_stsb_dev_and_approved_one
     as_user(monkeypatch, REGISTRAR)
     mlc = store.client()
     before = _champion(mlc)
-    version, _ = _register(folder, 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev))
+    version, _ = _register(folder, 99.0, 99.0, inputs, lambda run, _: log_gate_inputs(run, dev))
     found = _verdict(version)
     tags = mlc.get_model_version(CANDIDATES, version).tags
     assert found["decision"] == "rejected" and _champion(mlc) == before, found
@@ -435,7 +435,7 @@ def test_pairs_the_registrant_fabricated_never_outvote_stsb_dev_and_approved_one
     assert approved["sha256"] in store.client().get_registered_model(PROD).tags[TAG_APPROVED]
     as_user(monkeypatch, REGISTRAR)
     again = _changed_on_the_domain(gate_process["good"], tmp_path / "changed-again", scale=2.0, nudge=1e-3)
-    version, _ = _register(again, 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, dev))
+    version, _ = _register(again, 99.0, 99.0, inputs, lambda run, _: log_gate_inputs(run, dev))
     found = _verdict(version)
     assert found["decision"] == "promoted", found
     assert any("domain gain accepted" in r for r in found["reasons"]), found
@@ -448,7 +448,7 @@ def test_domain_pairs_past_the_gates_limits_are_refused_unread_and_the_gate_goes
     """A registrant's domain pairs file of more lines than gate.max_domain_pairs (200,000 pairs held the lease
     for minutes at 5 GB on the old code): refused in one line without scoring, the lease free, and the next
     candidate judged."""
-    from sentcl_mlflow.release import _log_gate_inputs
+    from sentcl_mlflow.release import log_gate_inputs
 
     limit = GateLimits.from_params(read_params()).max_domain_pairs
     big = tmp_path / "big.tsv"
@@ -458,7 +458,7 @@ def test_domain_pairs_past_the_gates_limits_are_refused_unread_and_the_gate_goes
     mlc = store.client()
     before = _champion_or_none(mlc)
     version, _ = _register(
-        gate_process["fifth"], 99.0, 99.0, inputs, lambda run, _: _log_gate_inputs(run, big)
+        gate_process["fifth"], 99.0, 99.0, inputs, lambda run, _: log_gate_inputs(run, big)
     )
     found = _verdict(version)
     assert (

@@ -501,11 +501,11 @@ KILLED_REGISTRATION = """
 import sys, time
 from sentcl_mlflow import store
 from sentcl_mlflow.registry.lease import promotion_lock
-from sentcl_mlflow.registry.versions import _register_locked
+from sentcl_mlflow.registry.versions import register_locked
 name, source, run_id = sys.argv[1:4]
 mlc = store.client()
 with promotion_lock(name, mlc=mlc, lease_s=3):
-    version, _ = _register_locked(
+    version, _ = register_locked(
         mlc, name, source, 500.0, {"STS12": 99.0}, "e" * 64, None, run_id)
     print("registered", version, flush=True)
     time.sleep(600)  # killed here: after the version exists, before the gate and the `ready` mark
