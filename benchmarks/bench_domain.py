@@ -61,7 +61,7 @@ from sentcl.evaluation.benchmark import Subset
 from sentcl.evaluation.seen import READ, SPLITS, pair_splits, seen_keys, split_scores
 from sentcl.evaluation.sts import STSEvaluator, cosine, spearman100
 from sentcl.params import ParamsError
-from sentcl.registry.rules import GateConfig, gate_decision
+from sentcl.registry.rules import GateConfig, Scores, gate_decision
 from sentcl.retrain.config import RETRAIN_METHODS, RetrainConfig
 from sentcl.retrain.plan import Plan, Step, plan
 from sentcl.retrain.run import Outcome, run
@@ -441,7 +441,7 @@ def outcome(
 
     b, a = view(before), view(after)
     promote, reasons = gate_decision(
-        (a["stsb_dev"], {}, a.get("gate")), (b["stsb_dev"], {}, b.get("gate")), gate
+        Scores(a["stsb_dev"], {}, a.get("gate")), Scores(b["stsb_dev"], {}, b.get("gate")), gate
     )
     return {
         "before": b,
@@ -466,7 +466,7 @@ def starting_model(choice: str, params: dict[str, Any], work: Path) -> str:
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
     try:
-        folder = download_alias(CHAMPION, work / "champion")
+        folder = download_alias(CHAMPION, work / "champion", GateConfig.from_params(params).model_name)
     except (NoChampionError, TrackingUnavailableError, TrackingAuthError) as exc:
         fail(f"--from champion: {exc}")
     print(f"bench-domain: from the registered champion ({folder})", flush=True)

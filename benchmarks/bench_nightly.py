@@ -47,6 +47,7 @@ from benchmarks.bench_domain import (
 )
 from sentcl.evaluation.seen import READ, SPLITS
 from sentcl.params import Params
+from sentcl.registry.rules import GateConfig
 from sentcl.retrain.run import judged_on_line
 from sentcl.training.data import read_seen, stsb_dev
 from stages.common import PROCESSED, RAW, ROOT, load_params, offline_hub, params_arguments
@@ -131,7 +132,8 @@ def run_flow(
 
     shutil.rmtree(folder / "champion", ignore_errors=True)
     try:
-        champion: str | None = str(download_alias(CHAMPION, folder / "champion"))
+        production = GateConfig.from_params(params).model_name
+        champion: str | None = str(download_alias(CHAMPION, folder / "champion", production))
     except NoChampionError:
         champion = None  # nothing registered or promoted: the team keeps the base model
     return {

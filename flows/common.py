@@ -210,15 +210,14 @@ def ensure_promotion_limit() -> None:
 
 
 @contextmanager
-def promotion_slot() -> Iterator[None]:
-    """The one promotion slot of the Prefect server (queues flows fairly); the gate takes its lease in the
-    registry inside it, which is what serialises promotions for anyone reaching the store, flow or not."""
+def promotion_slot(wait_s: float) -> Iterator[None]:
+    """The one promotion slot of the Prefect server (queues flows fairly), waited for at most ``wait_s`` (params
+    ``promotion.wait_s``); the gate takes its lease in the registry inside it, which is what serialises
+    promotions for anyone reaching the store, flow or not."""
     from prefect.concurrency.sync import concurrency
 
-    from sentcl_mlflow.registry.lease import LOCK_WAIT_S
-
     ensure_promotion_limit()
-    with concurrency(PROMOTION_LIMIT, occupy=1, strict=True, timeout_seconds=LOCK_WAIT_S):
+    with concurrency(PROMOTION_LIMIT, occupy=1, strict=True, timeout_seconds=wait_s):
         yield
 
 

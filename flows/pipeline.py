@@ -21,6 +21,7 @@ from prefect import flow
 
 from flows.common import bounded, promotion_slot, retried, run_stage, stage_task
 from sentcl.params import FlowConfig, ParamsError, parse_override, read_params
+from sentcl.registry.rules import LeaseTimes
 from stages.common import ROOT, argument_parser, fail
 
 GATED_STAGES = {"register"}
@@ -46,10 +47,14 @@ def flow_settings(overrides: Sequence[str] = ()) -> FlowConfig:
 
 
 @stage_task(task_run_name="dvc repro {stage}")  # DVC is the cache; Prefect always asks it
-def repro(stage: str, force: bool = False, repo: Path = ROOT, timeout_s: float = 0) -> str:
+def repro(
+    stage: str, slot_wait_s: float, force: bool = False, repo: Path = ROOT, timeout_s: float = 0
+) -> str:
+    """``dvc repro stage``; a stage that gates (``GATED_STAGES``) inside the server's promotion slot, waited for
+    at most ``slot_wait_s`` (params ``promotion.wait_s``)."""
     cmd = [sys.executable, "-m", "dvc", "repro", stage] + (["--force"] if force else [])
     if stage in GATED_STAGES:
-        with promotion_slot():
+        with promotion_slot(slot_wait_s):
             return run_stage(cmd, cwd=repo, timeout_s=timeout_s)
     return run_stage(cmd, cwd=repo, timeout_s=timeout_s)
 
@@ -65,6 +70,7 @@ def run_pipeline(
     each task with the retries and timeout of params.yaml ``flows:`` and ``overrides`` (``flows.*`` only).
     ``repo``: another DVC repository (tests: a scratch one)."""
     config = flow_settings(overrides or ())
+    slot_wait_s = LeaseTimes.from_params(read_params(None, overrides or ())).wait_s  # the same one read
     root = Path(repo) if repo else ROOT
     order = stage_names(root)
     selected = [s for s in order if stages is None or s in stages]
@@ -73,7 +79,7 @@ def run_pipeline(
         raise ValueError(f"unknown stage(s) {unknown}; dvc.yaml has {order}")
     run = retried(repro, config)
     for stage in selected:
-        run(stage, force=force, repo=root, timeout_s=config.stage_timeout_s)
+        run(stage, slot_wait_s, force=force, repo=root, timeout_s=config.stage_timeout_s)
     return selected
 
 

@@ -39,11 +39,14 @@ from prefect import flow
 
 from flows.common import bounded, check_prefect_api, cli_errors, promotion_slot
 from sentcl.params import FlowConfig, ParamsError
+from sentcl.registry.rules import LeaseTimes
+from sentcl.registry.verdict import Override
 from sentcl_mlflow.errors import PromotionLockTimeout
 from sentcl_mlflow.exit_codes import EXIT_TRANSIENT
 from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.registry.gate import promote, rollback
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
+from sentcl_mlflow.registry.measure import Evidence
 from stages.common import PROCESSED, argument_parser, fail, load_params, params_arguments
 
 # The error an in-process flow run of main() ended on. Prefect logs a flow's exception with its traceback
@@ -75,12 +78,9 @@ def _quietly(call: Callable[[], Any]) -> Any:
         return Failed(message=f"{type(error).__name__}: {error}")
 
 
-def _dev_files(processed: str | None, domain_dev: str | None) -> dict[str, Path | None]:
+def _evidence(processed: str | None, domain_dev: str | None) -> Evidence:
     """The gate's dev pairs: the validate stage's pairs.parquet (``processed``: another folder), a domain's."""
-    return {
-        "dev_pairs": Path(processed or PROCESSED) / "pairs.parquet",
-        "domain_dev": Path(domain_dev) if domain_dev else None,
-    }
+    return Evidence(Path(processed or PROCESSED) / "pairs.parquet", Path(domain_dev) if domain_dev else None)
 
 
 @flow(name="sentcl-promote", log_prints=True)
@@ -91,9 +91,12 @@ def promote_flow(
     force: bool = False,
     processed: str | None = None,
     domain_dev: str | None = None,
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
 ) -> dict[str, Any]:
-    with promotion_slot():
-        return promote(model, version=version, actor=actor, force=force, **_dev_files(processed, domain_dev))
+    params = load_params(params_file, overrides or [])  # a deployment's run: this process's one read
+    with promotion_slot(LeaseTimes.from_params(params).wait_s):
+        return promote(params, model, version, _evidence(processed, domain_dev), Override(actor, force))
 
 
 @flow(name="sentcl-promote", log_prints=True)
@@ -104,19 +107,35 @@ def _promote_cli_flow(
     force: bool = False,
     processed: str | None = None,
     domain_dev: str | None = None,
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
 ) -> Any:
-    return _quietly(lambda: promote_flow.fn(version, actor, model, force, processed, domain_dev))
+    flow_args = (version, actor, model, force, processed, domain_dev, params_file, overrides)
+    return _quietly(lambda: promote_flow.fn(*flow_args))
 
 
 @flow(name="sentcl-rollback", log_prints=True)
-def rollback_flow(reason: str, actor: str | None = None, model: str | None = None) -> dict[str, Any]:
-    with promotion_slot():
-        return rollback(model, actor=actor, reason=reason)
+def rollback_flow(
+    reason: str,
+    actor: str | None = None,
+    model: str | None = None,
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
+) -> dict[str, Any]:
+    params = load_params(params_file, overrides or [])  # a deployment's run: this process's one read
+    with promotion_slot(LeaseTimes.from_params(params).wait_s):
+        return rollback(params, model, actor=actor, reason=reason)
 
 
 @flow(name="sentcl-rollback", log_prints=True)
-def _rollback_cli_flow(reason: str, actor: str | None = None, model: str | None = None) -> Any:
-    return _quietly(lambda: rollback_flow.fn(reason, actor, model))
+def _rollback_cli_flow(
+    reason: str,
+    actor: str | None = None,
+    model: str | None = None,
+    params_file: str | None = None,
+    overrides: list[str] | None = None,
+) -> Any:
+    return _quietly(lambda: rollback_flow.fn(reason, actor, model, params_file, overrides))
 
 
 def _run_flow(state) -> None:  # noqa: ANN001 (a Prefect State)
@@ -200,25 +219,19 @@ def _execute(args: argparse.Namespace) -> int:
     def run() -> None:
         if orchestrated:
             check_prefect_api()
+        read = (str(args.params) if args.params else None, list(args.overrides or []))
         if args.rollback:
             if orchestrated:
-                _run_flow(rollback_run(args.reason, args.by, args.model, return_state=True))
+                _run_flow(rollback_run(args.reason, args.by, args.model, *read, return_state=True))
             else:
-                rollback(args.model, actor=args.by, reason=args.reason)
+                rollback(settings, args.model, actor=args.by, reason=args.reason)
         elif orchestrated:
             flow_args = (args.version, args.by, args.model, args.force, args.processed, args.domain_dev)
-            _run_flow(promote_run(*flow_args, return_state=True))
+            _run_flow(promote_run(*flow_args, *read, return_state=True))
         else:
-            dev = _dev_files(args.processed, args.domain_dev)
             allow = getattr(args, "allow_pipeline_change", False)
-            promote(
-                args.model,
-                version=args.version,
-                actor=args.by,
-                force=args.force,
-                allow_pipeline_change=allow,
-                **dev,
-            )
+            override = Override(args.by, args.force, allow)
+            promote(settings, args.model, args.version, _evidence(args.processed, args.domain_dev), override)
 
     with cli_errors("promote"):
         try:

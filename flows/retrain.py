@@ -23,6 +23,7 @@ from prefect.cache_policies import NO_CACHE
 from flows import common
 from sentcl.data import domain
 from sentcl.params import FlowConfig, Params, ParamsError
+from sentcl.registry.rules import GateConfig, LeaseTimes
 from sentcl.retrain.config import RetrainConfig
 from sentcl.retrain.plan import Plan, plan
 from sentcl.retrain.run import Outcome, Runner, describe_gate, run, score_candidates
@@ -57,19 +58,18 @@ def prepare(domain_text: str, files: list[Path] | None, init: str, work: Path, m
 
 
 @common.stage_task()
-def fetch_init(work: Path, base_model: str) -> dict[str, Any]:
+def fetch_init(work: Path, base_model: str, model_name: str) -> dict[str, Any]:
     """The champion's folder and scores (the base model when none is registered); retried on an MLflow hiccup."""
     from sentcl.model.encoder import resolve_model_path
     from sentcl_mlflow.registry.download import champion_scores, download_model
-    from sentcl_mlflow.registry.names import gate_config
 
     shutil.rmtree(work / "champion-download", ignore_errors=True)  # a retry starts from a clean folder
-    champion = champion_scores()
+    champion = champion_scores(model_name)
     if champion is None:  # a folder, not a hub id: export copies the candidate it picks, the init among them
         say(f"no champion registered yet; starting from the base model {base_model}")
         return {"version": None, "folder": resolve_model_path(base_model), "sts_row": None}
     version, row = champion
-    folder = download_model(f"models:/{gate_config().model_name}/{version}", work / "champion-download")
+    folder = download_model(f"models:/{model_name}/{version}", work / "champion-download")
     say(f"starting from champion version {version} (stsb_dev {row['stsb_dev']})")
     return {"version": str(version), "folder": str(folder), "sts_row": row}
 
@@ -120,7 +120,8 @@ def run_retrain(
     env = {"domain_text": domain_text, "retrain_method": config.method, "flow": "sentcl-retrain"}
     env = common.run_tags_env(tags | env | {"prefect_flow_run_id": str(flow_run.get_id() or "")})
     step_task = common.retried(stage, flows)
-    init = common.retried(fetch_init, flows)(work, settings["model"]["name"])
+    production = GateConfig.from_params(settings).model_name
+    init = common.retried(fetch_init, flows)(work, settings["model"]["name"], production)
     text = prepare(domain_text, files, init["folder"], work, int(settings["model"]["max_length"]))
     if not processed:
         # STS-B dev for selection, up to date
@@ -179,7 +180,8 @@ def register_and_gate(
     models = score_candidates(todo, outcome, init, raw, runner)
     champion = f"champion={init['version']}" if init["version"] else None
     step = todo.export_step(models, champion, tags, raw, outcome.gate_pairs)
-    with common.promotion_slot():  # one gate at a time on this Prefect server; the stage adds its file lock
+    # One gate at a time on this Prefect server; the stage takes the registry's promotion lease inside it.
+    with common.promotion_slot(LeaseTimes.from_params(todo.params).wait_s):
         runner(step)
     return json.loads(step.record.read_text())
 

@@ -48,6 +48,12 @@ def load_yaml(stream: str | bytes | IO[str]) -> Any:
     return yaml.load(stream, Loader=ParamsLoader)  # noqa: S506 - a SafeLoader subclass
 
 
+class InputError(Exception):
+    """Input a person must fix (a file another step wrote, a value): its message is one line naming it, and every
+    entry point exits 2 on it (``sentcl_mlflow.errors.BAD_INPUT``). Raised by pure code outside ``params.yaml``
+    (``sentcl.registry.dev_sets.GateDevSetError``)."""
+
+
 class ParamsError(ValueError):
     """A params.yaml value that breaks a rule. The message is one line naming the file, the key and the rule:
     ``params.yaml: teacher.max_tokens must be a whole number >= 1, got 0``."""

@@ -27,6 +27,7 @@ SECTIONS = (
     "export",
     "registry",
     "gate",
+    "promotion",
     "flows",
     "tracking",
     "serve",

@@ -5,7 +5,8 @@
 - ``sentcl_mlflow.registry``: ``names``, ``lease`` (the promotion lease), ``versions``, ``gate`` (register-then-gate,
   promote, rollback), ``download`` (checked downloads).
 
-The rules themselves (``GateConfig``, ``gate_decision``, checkpoint choice) are pure: ``sentcl.registry.rules``.
+The rules themselves are pure: ``sentcl.registry.rules`` (``GateConfig``, ``gate_decision``) and the checkpoint
+choice, ``sentcl.training.selection``.
 ``python -m sentcl_mlflow`` prints the tracking URI in use. Import the submodule you need: this file
 imports nothing, so a training stage that logs runs does not depend on the registry's code.
 """

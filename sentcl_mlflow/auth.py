@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--env-stdin" in argv:
         # KEY=VALUE lines (make serve): the passwords never appear in this process's /proc/<pid>/environ,
         # which the worker's flow runs (same OS user) could read while a second `make serve` runs setup.
-        from sentcl_mlflow.registry.gatekeeper import close_process
+        from sentcl.registry.host import close_process
 
         close_process()
         for line in sys.stdin.read().splitlines():

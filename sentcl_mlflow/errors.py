@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from sentcl.params import ParamsError
+from sentcl.params import InputError, ParamsError
 from sentcl_mlflow.exit_codes import EXIT_BAD_INPUT, EXIT_TRANSIENT
 from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, tracking_uri
@@ -33,10 +33,6 @@ class GateRefusedError(WeightsMismatchError):
     registration, or the download holds no model it can score. The version is tagged refused; nothing moved."""
 
 
-class GateDevSetError(LookupError):
-    """The dev pairs the gate scores models on are missing or empty (the validate stage has not run)."""
-
-
 class PromotionLockTimeout(TimeoutError):
     """Another promotion held the lease for longer than this gate was willing to wait."""
 
@@ -46,7 +42,7 @@ class PromotionLockTimeout(TimeoutError):
 TRANSIENT = (TrackingUnavailableError, PromotionLockTimeout)
 # Exit 2, the error's message is the line: what a person must fix or ask for (PromotionLeaseDenied is a
 # TrackingAuthError). A caller adds its own (a stage's BadInput, a flow's ServiceUnavailable).
-BAD_INPUT = (ParamsError, TrackingAuthError, NoChampionError, WeightsMismatchError, GateDevSetError)
+BAD_INPUT = (ParamsError, InputError, TrackingAuthError, NoChampionError, WeightsMismatchError)
 
 
 def _network_types() -> tuple[type[BaseException], ...]:

@@ -37,9 +37,11 @@ def log_and_register(
     stage's pairs.parquet) and ``domain_dev`` (the domain's scored pairs, when given).
     """
     from sentcl.model.encoder import load_folder_encoder
+    from sentcl.registry.rules import Registration
     from sentcl_mlflow import runs
     from sentcl_mlflow.registry.gate import register_and_gate
     from sentcl_mlflow.registry.gatekeeper import TAG_GATE_INPUTS, gate_inputs_tag
+    from sentcl_mlflow.registry.measure import Evidence
     from sentcl_mlflow.registry.names import run_experiment
 
     timings: dict[str, float] = {}
@@ -73,7 +75,7 @@ def log_and_register(
         return model_uri, run_id
 
     started = time.time()
-    outcome = register_and_gate(
+    registration = Registration(
         log_model,
         info["stsb_dev"],
         info["sts_all"],
@@ -93,12 +95,9 @@ def log_and_register(
             **gate_inputs,
         },
         weights_sha256=info["weights_fingerprint"],
-        gate=gate and not candidate,
-        actor=actor,
-        params=params,
-        domain_dev=domain_dev,
-        dev_pairs=dev_pairs,
     )
+    evidence = Evidence(dev_pairs, domain_dev)
+    outcome = register_and_gate(registration, params, evidence, actor, gate=gate and not candidate)
     result: dict[str, Any] = {
         **outcome,
         **timings,

@@ -288,9 +288,11 @@ def main(argv: list[str] | None = None) -> int:
     import os
 
     from sentcl.params import ParamsError, read_params
+    from sentcl.registry.rules import GateConfig
 
     try:
-        limits = ServeLimits.from_params(read_params(args.params))
+        params = read_params(args.params)
+        limits, production = ServeLimits.from_params(params), GateConfig.from_params(params).model_name
     except ParamsError as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2
@@ -299,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     from sentcl_mlflow.registry import download as registry
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
 
-    model = args.model or f"models:/{registry.gate_config().model_name}@{registry.CHAMPION}"
+    model = args.model or f"models:/{production}@{registry.CHAMPION}"
     if not model.startswith("models:/"):
         print(
             f"serve: {model}: give a registered model, models:/NAME@ALIAS or models:/NAME/VERSION",

@@ -23,7 +23,7 @@ from sentcl.model.quantize import QuantizeConfig
 from sentcl.model.teacher import TeacherConfig
 from sentcl.params import FlowConfig, ParamsError, apply_overrides
 from sentcl.params_check import SECTIONS
-from sentcl.registry.rules import GateConfig, GateLimits
+from sentcl.registry.rules import GateConfig, GateLimits, LeaseTimes
 from sentcl.retrain.config import RetrainConfig
 from sentcl.training import recipes
 from sentcl.training.config import ConfigError, TrainConfig
@@ -75,6 +75,7 @@ CHECKS: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
     ("export", QuantizeConfig.from_params),
     ("registry", GateConfig.from_params),
     ("gate", GateLimits.from_params),
+    ("promotion", LeaseTimes.from_params),
     ("flows", FlowConfig.from_params),
     ("tracking", TrackingConfig.from_params),
     ("serve", ServeLimits.from_params),

@@ -19,7 +19,8 @@ from typing import Any
 
 from sentcl.model.quantize import QuantizeConfig
 from sentcl.registry.int8 import build_int8
-from sentcl.registry.rules import choose_checkpoint, dev_scores, weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import dev_scores, weight_file_digests, weights_fingerprint
+from sentcl.training.selection import choose_checkpoint
 
 ONNX_TOLERANCE = 1e-4
 CHECK_SENTENCES = [
@@ -59,7 +60,7 @@ class OnnxMismatchError(ValueError):
 
 def best_existing_checkpoint(sts: dict[str, Any], folders: dict[str, Path], max_dev_drop: float) -> str:
     """The checkpoint with the best selection score among those whose folder exists and whose dev guards hold
-    (sentcl.registry.rules.choose_checkpoint); ``LookupError`` when none does."""
+    (sentcl.training.selection.choose_checkpoint); ``LookupError`` when none does."""
     available = {name for name, folder in folders.items() if folder.exists()}
     return choose_checkpoint(sts, available, max_dev_drop)
 

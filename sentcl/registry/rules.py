@@ -1,4 +1,4 @@
-"""The registry's rules, with no I/O: the gate, the choice of checkpoint, what blocks a promotion.
+"""The registry's rules, with no I/O: the gate, what blocks a promotion.
 
 ``GateConfig`` is built from params.yaml's ``registry:`` section only (params.yaml is the one home of every
 value: this module has no defaults of its own). The MLflow side (registering, aliases, locks) lives in
@@ -11,17 +11,13 @@ import dataclasses
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sentcl.digest import file_sha256
 from sentcl.params import ParamsError, read_section, real_number, text, whole_number
-
-# (stsb_dev, {dev guard: spearman}, domain spearman or None), all Spearman x 100. Only dev splits: the seven test
-# tasks are reported (tag sts_all) and never read by the gate, so they play no part in model selection.
-Scores = tuple[float | None, dict[str, float], float | None]
 
 # The dev splits the gate guards besides STS-B dev (a key of metrics/sts.json's rows each): SICK-R trial. STS12-16
 # have no train or dev split in SentEval's files, so no STS12 dev split can be carved from them.
@@ -33,11 +29,45 @@ TAG_STSB_DEV, TAG_STS, TAG_DOMAIN = "stsb_dev", "sts_all", "domain_spearman"
 TAG_DEV = "dev_scores"  # JSON {guard: spearman} of DEV_GUARDS
 TAG_WEIGHTS = "weights.sha256"  # one digest over every weight file: the identity of "the same weights"
 TAG_STATE = "sentcl.state"  # registering -> ready; a version left at "registering" is unfinished
+REGISTERING, READY = "registering", "ready"  # the values of TAG_STATE on the way
 TAG_ROLLED_BACK = "rolled_back"  # "true" on a demoted version: never promoted again without --force
 REFUSED = "refused"  # TAG_STATE of a version whose files failed the gate's check: never promoted, even forced
 TAG_REFUSED = "gate.refused"  # why the gate refused it (the file, or what could not be scored)
-# The gate decides on its own measurements (``gate_score_tags``: it downloads, verifies and scores each model);
+# The gate decides on its own measurements (``Scores.tags``: it downloads, verifies and scores each model);
 # the registrant's score tags above are kept for the record and never decide a promotion.
+
+
+@dataclass(frozen=True)
+class Scores:
+    """One model's scores as the gate reads them, all Spearman x 100 of dev splits only: STS-B dev, the dev
+    guards (``DEV_GUARDS``: SICK-R trial) and the domain's pairs when there are some. The seven test tasks are
+    reported (tag sts_all) and never read by the gate, so they play no part in model selection."""
+
+    stsb_dev: float | None
+    guards: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    domain: float | None = None
+
+    @classmethod
+    def from_tags(cls, tags: Mapping[str, str] | None) -> Scores:
+        """A version's registration tags (``stsb_dev``, ``dev_scores``, ``domain_spearman``; never sts_all)."""
+        tags = tags or {}
+        stsb = float(tags[TAG_STSB_DEV]) if tags.get(TAG_STSB_DEV) not in (None, "") else None
+        table = json.loads(tags.get(TAG_DEV) or "{}")
+        domain = float(tags[TAG_DOMAIN]) if tags.get(TAG_DOMAIN) not in (None, "") else None
+        return cls(stsb, {k: float(v) for k, v in table.items()}, domain)
+
+    def tags(self, prefix: str = "gate.") -> dict[str, str]:
+        """The tags that record the gate's own measurement: ``gate.stsb_dev``, ``gate.<guard>``
+        (``gate.sick_dev``), ``gate.domain_dev``; ``prefix`` "gate.champion_" for the champion it was compared with."""
+        tags = {f"{prefix}stsb_dev": f"{self.stsb_dev:.4f}"} if self.stsb_dev is not None else {}
+        tags.update({f"{prefix}{guard}": f"{value:.4f}" for guard, value in sorted(self.guards.items())})
+        if self.domain is not None:
+            tags[f"{prefix}domain_dev"] = f"{self.domain:.4f}"
+        return tags
+
+    def text(self) -> str:
+        """``stsb_dev 81.20, sick_dev 75.10, domain_dev 60.00``: a measurement in one log line."""
+        return ", ".join(f"{k.rpartition('.')[2]} {float(v):.2f}" for k, v in self.tags().items())
 
 
 @dataclass(frozen=True)
@@ -97,6 +127,68 @@ class GateLimits:
 
 
 @dataclass(frozen=True)
+class LeaseTimes:
+    """params.yaml ``promotion:``: how long a holder of the promotion lease may go without renewing it before
+    the next contender breaks it (``lease_s``), and how long a contender waits for it (``wait_s``), seconds."""
+
+    lease_s: float
+    wait_s: float
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any], section: str = "promotion") -> LeaseTimes:
+        raw = read_section(params, section, [f.name for f in dataclasses.fields(cls)])
+        return cls(**{name: real_number(raw[name], f"{section}.{name}", above=0) for name in raw})
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    """params.yaml's ``registry:``, ``gate:`` and ``promotion:``, from the params the entry point parsed."""
+
+    config: GateConfig
+    limits: GateLimits
+    lease: LeaseTimes
+
+    @classmethod
+    def from_params(cls, params: Mapping[str, Any]) -> GateSettings:
+        return cls(
+            GateConfig.from_params(params), GateLimits.from_params(params), LeaseTimes.from_params(params)
+        )
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What a registration brings: the logged model (or a function that logs it only when a new version is
+    needed, returning (model URI, run id)), the registrant's scores (kept for the record: the gate measures its
+    own), the registered model (None: ``names.target_model_name``), its tags, the run that logged it and the
+    digest of its weights (``rules.weights_fingerprint``)."""
+
+    model_uri: str | Callable[[], tuple[str, str | None]]
+    stsb_dev: float
+    sts_all: Mapping[str, float]
+    name: str | None = None
+    tags: Mapping[str, Any] | None = None
+    run_id: str | None = None
+    weights_sha256: str | None = None
+
+    def record(self, run_id: str | None, commit: str | None) -> dict[str, str]:
+        """The tags a new version starts with (``sentcl.state=registering`` until it is finished): the
+        registrant's scores, kept for the record, its own tags, the weights digest, the run and the commit (a tag
+        of its own under those names wins)."""
+        tags = {
+            TAG_STSB_DEV: f"{float(self.stsb_dev):.6f}",
+            TAG_STS: json.dumps({k: round(float(v), 6) for k, v in self.sts_all.items()}, sort_keys=True),
+            **{k: str(v) for k, v in (self.tags or {}).items()},
+            TAG_STATE: REGISTERING,
+        }
+        if self.weights_sha256:
+            tags[TAG_WEIGHTS] = self.weights_sha256
+        for key, value in (("run_id", run_id), ("git_commit", commit)):
+            if value:
+                tags.setdefault(key, value)
+        return tags
+
+
+@dataclass(frozen=True)
 class PipelineShape:
     """What production serves, as the gate loaded it: the modules in order (``modules.json`` types, and the
     sentcl pooling a folder carries), the size of a vector, and whether vectors come out at unit length."""
@@ -108,6 +200,22 @@ class PipelineShape:
     def describe(self) -> str:
         names = " > ".join(m.rpartition(".")[2] for m in self.modules)
         return f"{names} ({self.dimension}-d, {'unit length' if self.normalized else 'not normalised'})"
+
+
+def pipeline_shape(folder: Path, vectors: Any) -> PipelineShape:
+    """The modules ``folder`` lists (types, in order; a carried sentcl pooling last) and what ``vectors`` (the
+    served encoding of ``PROBE``) show: their size and whether every one is of unit length."""
+    import numpy as np
+
+    listed = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else []
+    modules = [str(m.get("type", "?")) for m in listed if isinstance(m, dict)]
+    carried = folder / "sentcl_pooling.json"
+    if carried.is_file():
+        modules.append(f"sentcl_pooling:{json.loads(carried.read_text()).get('pooling')}")
+    array = np.asarray(vectors, dtype=np.float64)
+    norms = np.linalg.norm(array.reshape(len(array), -1), axis=1)
+    dimension = int(array.shape[1]) if array.ndim == 2 else 0
+    return PipelineShape(tuple(modules), dimension, bool(np.allclose(norms, 1.0, atol=1e-3)))
 
 
 def pipeline_change(candidate: PipelineShape | None, champion: PipelineShape | None) -> str | None:
@@ -140,21 +248,12 @@ def dev_scores(row: Mapping[str, Any]) -> dict[str, float]:
     return {key: float(row[key]) for key in DEV_GUARDS if row.get(key) is not None}
 
 
-def scores_from_tags(tags: Mapping[str, str] | None) -> Scores:
-    """A version's scores as the gate reads them: STS-B dev, the dev guards, the domain score (never sts_all)."""
-    tags = tags or {}
-    stsb = float(tags[TAG_STSB_DEV]) if tags.get(TAG_STSB_DEV) not in (None, "") else None
-    table = json.loads(tags.get(TAG_DEV) or "{}")
-    domain = float(tags[TAG_DOMAIN]) if tags.get(TAG_DOMAIN) not in (None, "") else None
-    return stsb, {k: float(v) for k, v in table.items()}, domain
-
-
 def sts_row_from_tags(tags: Mapping[str, str] | None) -> dict[str, Any]:
     """A version's scores as a row of metrics/sts.json (``all``: the seven test tasks, for the record;
     ``stsb_dev`` and the dev guards it has), so a registered champion can stand beside fresh candidates."""
-    stsb, guards, _ = scores_from_tags(tags)
+    scores = Scores.from_tags(tags)
     table = json.loads((tags or {}).get(TAG_STS) or "{}")
-    return {"all": {k: float(v) for k, v in table.items()}, "stsb_dev": stsb, **guards}
+    return {"all": {k: float(v) for k, v in table.items()}, "stsb_dev": scores.stsb_dev, **scores.guards}
 
 
 def weight_file_digests(folder: Path) -> dict[str, str]:
@@ -171,51 +270,6 @@ def weights_fingerprint(per_file: Mapping[str, str]) -> str:
     if not per_file:
         raise ValueError("no weight files to fingerprint")
     return hashlib.sha256(json.dumps(dict(sorted(per_file.items()))).encode()).hexdigest()
-
-
-# --------------------------------------------------------------------------------------------- checkpoint
-
-
-def selection_score(row: Mapping[str, Any]) -> float:
-    """STS-B dev; with a domain dev set, the mean of STS-B dev and the domain Spearman (both x 100), so a
-    retrain that helps its domain can be the candidate even when general STS dips a little."""
-    if row.get("domain_spearman") is not None:
-        return (float(row["stsb_dev"]) + float(row["domain_spearman"])) / 2
-    return float(row["stsb_dev"])
-
-
-def choose_checkpoint(
-    sts: Mapping[str, Any], available: set[str] | frozenset[str], max_dev_drop: float, reference: str = "base"
-) -> str:
-    """The checkpoint with the best selection score among ``available`` ones whose dev guards (SICK-R trial,
-    ``sick_dev``) stay within ``max_dev_drop`` of the ``reference`` row's (the model every checkpoint started
-    from): the gate's own dev guard, applied when choosing, so the export never picks a checkpoint the gate
-    would refuse against its init. Without a reference row (or its ``sick_dev``) nothing is guarded. Ties keep
-    file order. Only dev splits are read."""
-    floor = None
-    ref = sts.get(reference)
-    if isinstance(ref, Mapping) and ref.get("sick_dev") is not None:
-        floor = float(ref["sick_dev"]) - max_dev_drop
-
-    def guarded(name: str, row: Mapping[str, Any]) -> bool:
-        return (
-            floor is None
-            or name == reference
-            or (row.get("sick_dev") is not None and row["sick_dev"] >= floor)
-        )
-
-    scored = [
-        (selection_score(row), name)
-        for name, row in sts.items()
-        if isinstance(row, Mapping)
-        and row.get("stsb_dev") is not None
-        and name in available
-        and guarded(name, row)
-    ]
-    if not scored:
-        raise LookupError(f"no checkpoint with stsb_dev and a model folder among {sorted(sts)}")
-    best = max(score for score, _ in scored)
-    return next(name for score, name in scored if score == best)
 
 
 # --------------------------------------------------------------------------------------------- gate
@@ -260,22 +314,6 @@ def promotion_blocked(
     return None
 
 
-def gate_score_tags(scores: Scores, prefix: str = "gate.") -> dict[str, str]:
-    """The tags that record the gate's own measurement of a version: ``gate.stsb_dev``, ``gate.<guard>``
-    (``gate.sick_dev``), ``gate.domain_dev``; ``prefix`` "gate.champion_" for the champion it was compared with."""
-    stsb, guards, domain = scores
-    tags = {f"{prefix}stsb_dev": f"{stsb:.4f}"} if stsb is not None else {}
-    tags.update({f"{prefix}{guard}": f"{value:.4f}" for guard, value in sorted(guards.items())})
-    if domain is not None:
-        tags[f"{prefix}domain_dev"] = f"{domain:.4f}"
-    return tags
-
-
-def scores_text(scores: Scores) -> str:
-    """``stsb_dev 81.20, sick_dev 75.10, domain_dev 60.00``: a measurement in one log line."""
-    return ", ".join(f"{k.rpartition('.')[2]} {float(v):.2f}" for k, v in gate_score_tags(scores).items())
-
-
 def gate_decision(
     challenger: Scores, champion: Scores | None, config: GateConfig, use_domain: bool = True
 ) -> tuple[bool, list[str]]:
@@ -289,14 +327,14 @@ def gate_decision(
       a guard the champion has no score for (registered before it was recorded) is said, not compared.
     """
     min_delta, max_dev_drop = config.min_delta, config.max_dev_drop
-    c_stsb, c_table, c_domain = challenger
+    c_stsb, c_table, c_domain = challenger.stsb_dev, challenger.guards, challenger.domain
     if c_stsb is None:
         return False, ["challenger has no stsb_dev score"]
     if math.isnan(c_stsb):  # every pair at the same similarity: the model ranks nothing
         return False, ["challenger's stsb_dev is undefined (its similarities are constant)"]
     if champion is None:
         return True, [f"no champion yet: the first model becomes champion (stsb_dev {c_stsb:.2f})"]
-    k_stsb, k_table, k_domain = champion
+    k_stsb, k_table, k_domain = champion.stsb_dev, champion.guards, champion.domain
     if k_stsb is None:
         return True, ["champion has no stsb_dev score recorded; any scored challenger replaces it"]
     reasons: list[str] = []

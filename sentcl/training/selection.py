@@ -1,8 +1,10 @@
-"""Checkpoint selection: whether an evaluation's weights replace the best so far (``selectable``), and what a run
-reports of it (``TrainResult``)."""
+"""Checkpoint selection, its one home: during training, whether an evaluation's weights replace the best
+so far (``selectable``) and what a run reports of it (``TrainResult``); after the runs, which checkpoint
+folder the export stage releases (``selection_score``, ``choose_checkpoint``, over metrics/sts.json's rows)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +47,7 @@ class TrainResult:
         }
 
 
-# --- checkpoint selection -------------------------------------------------------------------------------
+# --- during training: does an evaluation replace the best so far -----------------------------------
 
 
 def selectable(
@@ -67,3 +69,48 @@ def selectable(
         raise ValueError("selection on a domain dev set needs max_task_drop, the STS-B dev guard")
     guarded = scores["stsb_dev"] >= init["stsb_dev"] - max_task_drop
     return guarded and scores["domain_dev"] > best["domain_dev"] + min_delta
+
+
+# --- after the runs: which checkpoint folder the export releases --------------------------------------
+
+
+def selection_score(row: Mapping[str, Any]) -> float:
+    """STS-B dev; with a domain dev set, the mean of STS-B dev and the domain Spearman (both x 100), so a
+    retrain that helps its domain can be the candidate even when general STS dips a little."""
+    if row.get("domain_spearman") is not None:
+        return (float(row["stsb_dev"]) + float(row["domain_spearman"])) / 2
+    return float(row["stsb_dev"])
+
+
+def choose_checkpoint(
+    sts: Mapping[str, Any], available: set[str] | frozenset[str], max_dev_drop: float, reference: str = "base"
+) -> str:
+    """The checkpoint with the best selection score among ``available`` ones whose dev guards (SICK-R trial,
+    ``sick_dev``) stay within ``max_dev_drop`` of the ``reference`` row's (the model every checkpoint started
+    from): the gate's own dev guard, applied when choosing, so the export never picks a checkpoint the gate
+    would refuse against its init. Without a reference row (or its ``sick_dev``) nothing is guarded. Ties keep
+    file order. Only dev splits are read."""
+    floor = None
+    ref = sts.get(reference)
+    if isinstance(ref, Mapping) and ref.get("sick_dev") is not None:
+        floor = float(ref["sick_dev"]) - max_dev_drop
+
+    def guarded(name: str, row: Mapping[str, Any]) -> bool:
+        return (
+            floor is None
+            or name == reference
+            or (row.get("sick_dev") is not None and row["sick_dev"] >= floor)
+        )
+
+    scored = [
+        (selection_score(row), name)
+        for name, row in sts.items()
+        if isinstance(row, Mapping)
+        and row.get("stsb_dev") is not None
+        and name in available
+        and guarded(name, row)
+    ]
+    if not scored:
+        raise LookupError(f"no checkpoint with stsb_dev and a model folder among {sorted(sts)}")
+    best = max(score for score, _ in scored)
+    return next(name for score, name in scored if score == best)

@@ -19,8 +19,8 @@ A kill between 3 and 5 leaves a version marked ``registering``: never promotable
 - ``names``: the aliases, which registered model and experiment a registration goes to;
 - ``lease``: the promotion lease (``promotion_lock``);
 - ``versions``: registration under the lease, its manifest, cleanup of interrupted runs;
-- ``gate``: ``register_and_gate``, ``promote``, ``rollback``;
-- ``measure``: the gate's own verified download and dev-set scoring of a version;
+- ``gate``: ``register_and_gate``, ``promote``, ``rollback``: gather, decide (``sentcl.registry.verdict``), apply;
+- ``measure``: the gate's own verified download and dev-set scoring of a version, on its ``Evidence``;
 - ``download``: checked downloads of a registered version or an alias.
 - ``gatekeeper``: `make serve`'s gate process (the only holder of the gate's account there): it judges the
   candidates model's new versions, registers its own upload of a promoted one into production, moves

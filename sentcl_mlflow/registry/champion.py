@@ -22,7 +22,7 @@ from sentcl.registry.rules import REFUSED, TAG_ROLLED_BACK, TAG_STATE
 from sentcl_mlflow.errors import GateRefusedError
 from sentcl_mlflow.pyfunc_checks import DOWNLOAD_META, TAG_MANIFEST, compiled_from, file_sha256
 from sentcl_mlflow.registry.measure import refuse, verified_download
-from sentcl_mlflow.registry.names import CHAMPION, utc_timestamp, version_or_none
+from sentcl_mlflow.registry.names import CHAMPION, move_champion, utc_timestamp, version_or_none
 from sentcl_mlflow.registry.owned import TAG_SIZES
 from sentcl_mlflow.store import caller_identity
 
@@ -125,8 +125,7 @@ def restore_verified_champion(mlc: MlflowClient, name: str, reason: str, lease: 
         except GateRefusedError:
             previous = nxt
             continue
-        lease.check()
-        mlc.set_registered_model_alias(name, CHAMPION, previous)
+        move_champion(mlc, name, previous, lease)
         for key, value in {
             "restored_by": caller_identity(),  # the account the server authenticated: the gate's
             "restored_reason": f"champion {champ.version} failed verification: {reason}",

@@ -8,27 +8,26 @@ from typing import Any
 from sentcl.registry.rules import sts_row_from_tags, version_weights, weight_file_digests, weights_fingerprint
 from sentcl_mlflow.errors import NoChampionError
 from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, WeightsMismatchError, check_bytecode, check_manifest
-from sentcl_mlflow.registry.names import CHAMPION, gate_config, version_or_none
+from sentcl_mlflow.registry.names import CHAMPION, version_or_none
 from sentcl_mlflow.store import client
 
 
-def alias_version(alias: str, name: str | None = None) -> str | None:
+def alias_version(alias: str, name: str) -> str | None:
     mlc = client()
-    version = version_or_none(mlc, name or gate_config().model_name, alias)
+    version = version_or_none(mlc, name, alias)
     return version.version if version is not None else None
 
 
-def champion_scores(name: str | None = None) -> tuple[str, dict[str, Any]] | None:
+def champion_scores(name: str) -> tuple[str, dict[str, Any]] | None:
     """(version, its scores as a row of metrics/sts.json) of the champion, or None when nothing is champion yet."""
     mlc = client()
-    version = version_or_none(mlc, name or gate_config().model_name, CHAMPION)
+    version = version_or_none(mlc, name, CHAMPION)
     return (str(version.version), sts_row_from_tags(version.tags)) if version is not None else None
 
 
-def download_alias(alias: str, dest: Path, name: str | None = None) -> Path:
+def download_alias(alias: str, dest: Path, name: str) -> Path:
     """The sentence-transformers folder of the version ``alias`` points at, its weights checked against the
     sha256 recorded at registration. Raises :class:`NoChampionError` when the alias is unset."""
-    name = name or gate_config().model_name
     version = alias_version(alias, name)
     if version is None:
         raise NoChampionError(

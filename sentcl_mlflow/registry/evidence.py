@@ -57,11 +57,9 @@ def approve(path: Path, actor: str, params: Mapping[str, Any]) -> dict[str, Any]
     (one line if not), then their sha256 added to the model's approvals under its promotion lease."""
     from mlflow.exceptions import MlflowException
 
-    from sentcl.data.domain import DomainTextError, read_flag_pairs
-    from sentcl.registry.rules import GateConfig, GateLimits
-    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl.registry.dev_sets import GateDevSetError, read_domain_pairs
+    from sentcl.registry.rules import GateConfig, GateLimits, LeaseTimes
     from sentcl_mlflow.registry.lease import promotion_lock
-    from sentcl_mlflow.registry.measure import within
     from sentcl_mlflow.store import caller_identity, client
 
     if not actor:
@@ -71,18 +69,10 @@ def approve(path: Path, actor: str, params: Mapping[str, Any]) -> dict[str, Any]
     path = Path(path)
     if not path.is_file():
         raise GateDevSetError(f"{path}: no such file")
-    within(path, limits.max_domain_mb, "gate.max_domain_mb")
-    try:
-        pairs = read_flag_pairs(path, flag="approve")
-    except DomainTextError as e:
-        raise GateDevSetError(str(e)) from None
-    if len(pairs) > limits.max_domain_pairs:
-        raise GateDevSetError(
-            f"{path}: {len(pairs)} pairs, more than gate.max_domain_pairs ({limits.max_domain_pairs})"
-        )
+    pairs = read_domain_pairs(path, limits, flag="approve")
     digest = file_digest(path)
     mlc = client()
-    with promotion_lock(name, mlc=mlc):
+    with promotion_lock(name, LeaseTimes.from_params(params), mlc):
         try:
             mlc.get_registered_model(name)
         except MlflowException:
@@ -114,8 +104,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from sentcl.params import ParamsError, read_params
+    from sentcl.registry.dev_sets import GateDevSetError
     from sentcl.registry.rules import GateConfig
-    from sentcl_mlflow.errors import GateDevSetError, one_line
+    from sentcl_mlflow.errors import one_line
     from sentcl_mlflow.store import client
 
     try:

@@ -41,9 +41,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, GateLimits
-from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
-from sentcl_mlflow.registry.names import READY
+from sentcl.registry.dev_sets import GateDevSetError, read_regular, recorded_pairs_problem
+from sentcl.registry.host import clear_scratch, close_process, private_folder
+from sentcl.registry.rules import READY, TAG_STATE, GateConfig, GateLimits, LeaseTimes
+from sentcl.registry.verdict import TAG_DECISION, verdict_from_tags
+from sentcl_mlflow.errors import GateRefusedError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -52,31 +54,6 @@ if TYPE_CHECKING:
 # candidate's run at registration ({"domain_dev": {"path": <artifact path>, "sha256": <digest>}}).
 TAG_GATE_INPUTS = "sentcl.gate_inputs"
 DOMAIN_DEV_ARTIFACT = "gate-inputs/domain_dev.tsv"
-TAG_DECISION = "gate.decision"
-PR_SET_DUMPABLE = 4
-
-
-def close_process() -> None:
-    """No core dumps, and /proc/<pid>/environ, /proc/<pid>/mem and ptrace closed to every process without
-    CAP_SYS_PTRACE (every process of the same OS user unless it is root)."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_DUMPABLE, 0) failed")
-
-
-def private_folder(folder: Path) -> Path:
-    """``folder`` made (or found) as a real folder of this user's with mode 0700: the gate's scratch, where its
-    downloads and copies of the dev pairs live, out of the sandboxed worker's sight."""
-    import stat
-
-    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = os.lstat(folder)
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-        raise OSError(f"{folder} is not a folder of this user's (a link, or another owner's); not using it")
-    os.chmod(folder, 0o700)
-    return folder
 
 
 def gate_inputs_tag(domain_dev: Path) -> str:
@@ -103,89 +80,22 @@ def _domain_dev(
     against params ``gate:`` (a file past ``max_domain_mb`` or ``max_domain_pairs`` is a refusal, unread)."""
     import mlflow
 
-    from sentcl_mlflow.registry.measure import MB, refuse
+    from sentcl_mlflow.registry.measure import refusal
 
     raw = (version.tags or {}).get(TAG_GATE_INPUTS)
     if not raw:
         return None
-    reason = None
     try:
         entry = json.loads(raw)["domain_dev"]
         path = mlflow.artifacts.download_artifacts(
             run_id=version.run_id, artifact_path=entry["path"], dst_path=str(dest)
         )
-        size = Path(path).stat().st_size
-        if size > limits.max_domain_mb * MB:
-            reason = (
-                f"its domain dev pairs hold {size / MB:.1f} MiB, more than gate.max_domain_mb "
-                f"({limits.max_domain_mb:g} MiB)"
-            )
-        else:
-            data = Path(path).read_bytes()
-            digest = hashlib.sha256(data).hexdigest()
-            rows = sum(1 for line in data.splitlines() if line.strip())
-            if digest != entry["sha256"]:
-                reason = f"its domain dev pairs {path} differ from those recorded at registration"
-            elif rows > limits.max_domain_pairs:
-                reason = f"its domain dev pairs hold {rows} lines, more than gate.max_domain_pairs ({limits.max_domain_pairs})"
+        reason = recorded_pairs_problem(Path(path), entry["sha256"], limits)
     except (ValueError, KeyError, TypeError, OSError) as e:
         reason = f"its domain dev pairs are unreadable ({type(e).__name__})"
     if reason is not None:
-        refuse(mlc, source, str(version.version), reason)
-        raise GateRefusedError(
-            f"gate refused {source} version {version.version}: {reason}; champion not moved"
-        )
-    return Path(path), digest
-
-
-def read_regular(base: Path, rel: str, max_bytes: int | None = None) -> bytes | None:
-    """The bytes of ``base``/``rel``, opened without following a link: every folder below ``base`` and the file
-    itself with ``O_NOFOLLOW``, the file checked to be a regular one on the descriptor that is read (``fstat``), so
-    a link or a folder swapped for one between a check and the read cannot point the gate at another file. None
-    when it is absent. A link, a device, a FIFO or a folder in its place, or a file over ``max_bytes`` (its size
-    read on the descriptor, nothing of it read): :class:`GateDevSetError`, one line.
-
-    ``base`` is trusted (the checkout, or a folder the operator pins with ``--processed``); what lies below it may
-    be the worker's (the pipeline's outputs, written from its sandbox)."""
-    import errno
-    import stat
-
-    refused = GateDevSetError(
-        f"{base / rel} is not a regular file under {base} (a symbolic link, or a folder on the way is one): the "
-        "gate reads only regular files there; refused"
-    )
-
-    def below(fd: int, name: str, flags: int) -> int | None:  # one step down, never through a link
-        try:
-            return os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | flags, dir_fd=fd)
-        except FileNotFoundError:
-            return None
-        except OSError as e:  # a link (ELOOP), a file where a folder should be, a FIFO with no writer
-            if e.errno in (errno.ELOOP, errno.ENOTDIR, errno.ENXIO):
-                raise refused from None
-            raise
-
-    *folders, name = Path(rel).parts
-    opened = [os.open(base, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)] if base.is_dir() else []
-    try:
-        for step, flags in [*((f, os.O_DIRECTORY) for f in folders), (name, os.O_NONBLOCK)]:
-            fd = below(opened[-1], step, flags) if opened else None
-            if fd is None:
-                return None
-            opened.append(fd)
-        info = os.fstat(opened[-1])
-        if not stat.S_ISREG(info.st_mode):
-            raise refused
-        if max_bytes is not None and info.st_size > max_bytes:
-            raise GateDevSetError(
-                f"{base / rel}: {info.st_size / 2**20:.1f} MiB, more than gate.max_pairs_table_mb "
-                f"({max_bytes / 2**20:g} MiB); refused unread"
-            )
-        with os.fdopen(opened[-1], "rb", closefd=False) as f:
-            return f.read()
-    finally:
-        for fd in opened:
-            os.close(fd)
+        raise refusal(mlc, source, str(version.version), reason)
+    return Path(path), entry["sha256"]
 
 
 class PinnedDevPairs:
@@ -206,7 +116,7 @@ class PinnedDevPairs:
 
     def path(self) -> Path:
         if self.copy is None:
-            from sentcl_mlflow.registry.measure import MB, DevSets
+            from sentcl.registry.dev_sets import MB, DevSets
 
             data = read_regular(self.base, self.rel, int(self.limits.max_pairs_table_mb * MB))
             if data is None:
@@ -236,21 +146,22 @@ def judge(
     from sentcl_mlflow.registry.evidence import approved_digests
     from sentcl_mlflow.registry.gate import judge_candidate
     from sentcl_mlflow.registry.lease import promotion_lock
-    from sentcl_mlflow.registry.names import gate_config
+    from sentcl_mlflow.registry.measure import Evidence
     from sentcl_mlflow.registry.versions import finish_unfinished
     from sentcl_mlflow.store import client
 
-    config = gate_config(params)
+    name = GateConfig.from_params(params).model_name
     limits = GateLimits.from_params(params)
     mlc = client()
-    with promotion_lock(config.model_name, mlc=mlc) as lease, tempfile.TemporaryDirectory() as tmp:
-        finish_unfinished(mlc, config.model_name)
+    times = LeaseTimes.from_params(params)
+    with promotion_lock(name, times, mlc) as lease, tempfile.TemporaryDirectory() as tmp:
+        finish_unfinished(mlc, name)
         candidate = mlc.get_model_version(source, version)
         found = _domain_dev(mlc, source, candidate, Path(tmp), limits)
         domain, digest = found if found is not None else (None, "")
         # The registrant's own pairs decide only when an operator approved exactly these bytes (evidence).
-        counts = bool(digest) and digest in approved_digests(mlc, config.model_name)
-        return judge_candidate(mlc, source, version, config, lease, params, dev_pairs, domain, counts)
+        counts = bool(digest) and digest in approved_digests(mlc, name)
+        return judge_candidate(mlc, source, version, lease, params, Evidence(dev_pairs, domain, counts))
 
 
 def decision_line(result: Mapping[str, Any]) -> str:
@@ -263,16 +174,7 @@ def decision_line(result: Mapping[str, Any]) -> str:
 
 def verdict(mlc: MlflowClient, name: str, version: str) -> dict[str, Any] | None:
     """The gate process's verdict on ``name`` version ``version``, read from its tags; None while it has none."""
-    tags = mlc.get_model_version(name, version).tags or {}
-    if tags.get(TAG_STATE) == REFUSED:
-        return {"decision": "refused", "reasons": [tags.get(TAG_REFUSED, "")], "champion_after": None}
-    if TAG_DECISION not in tags:
-        return None
-    return {
-        "decision": tags[TAG_DECISION],
-        "reasons": [r for r in tags.get("gate.reasons", "").split("; ") if r],
-        "champion_after": tags.get("gate.champion_version") or tags.get("gate.champion_before") or None,
-    }
+    return verdict_from_tags(mlc.get_model_version(name, version).tags or {})
 
 
 def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 2.0) -> dict[str, Any] | None:
@@ -286,23 +188,6 @@ def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 
         if found is not None or time.monotonic() >= deadline:
             return found
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
-
-
-def clear_scratch(folder: Path, keep: Path | None = None) -> int:
-    """Remove everything in the gate's own scratch ``folder`` but ``keep``: what a killed gate left (downloads,
-    copies), at start and after each judgment. Links are removed, never followed. Returns the entries removed."""
-    import shutil
-
-    removed = 0
-    for entry in list(folder.iterdir()):
-        if keep is not None and entry.resolve() == keep.resolve():
-            continue
-        if entry.is_symlink() or not entry.is_dir():
-            entry.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(entry, ignore_errors=True)
-        removed += 1
-    return removed
 
 
 def run(
@@ -363,15 +248,14 @@ def guard_champion(params: Mapping[str, Any], full: bool) -> None:
     fails is refused and the previous verified one restored under the lease, one line saying so."""
     from sentcl_mlflow.registry.champion import champion_problem, restore_verified_champion
     from sentcl_mlflow.registry.lease import promotion_lock
-    from sentcl_mlflow.registry.names import gate_config
     from sentcl_mlflow.store import client
 
-    name = gate_config(params).model_name
+    name = GateConfig.from_params(params).model_name
     mlc = client()
     scratch = Path(tempfile.gettempdir())
     if champion_problem(mlc, name, scratch, full) is None:
         return
-    with promotion_lock(name, mlc=mlc) as lease:
+    with promotion_lock(name, LeaseTimes.from_params(params), mlc) as lease:
         found = champion_problem(
             mlc, name, scratch, full=True
         )  # again, whole, now that nothing else moves it
@@ -437,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["MLFLOW_TRACKING_USERNAME"], os.environ["MLFLOW_TRACKING_PASSWORD"] = args.user, password
         del password
     from sentcl.params import read_params
-    from sentcl.registry.rules import GateConfig
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client
 
     params = read_params(args.params)
@@ -452,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gate: {e}", file=sys.stderr)
         return 75
     from sentcl.params import ROOT as PROJECT
-    from sentcl_mlflow.registry.measure import DEV_PAIRS
+    from sentcl.registry.dev_sets import DEV_PAIRS
 
     # make stop's TERM unwinds (the pinned copy's folder is removed) instead of killing the process mid-write.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))

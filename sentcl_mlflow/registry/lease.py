@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import getpass
-import json
 import os
 import random
 import socket
@@ -11,9 +10,10 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from sentcl.registry.host import TAG_HOLDER, holder_gone, holder_identity
+from sentcl.registry.rules import LeaseTimes
 from sentcl_mlflow import runs
 from sentcl_mlflow.errors import PromotionLockTimeout, describe, unreachable
 from sentcl_mlflow.registry.names import mlflow_error_code
@@ -29,9 +29,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 LEASE_SUFFIX = ".promotion-lease"
-# How long one promotion may hold the lease before another process may break it, and how long a gate waits.
-LEASE_S = float(os.environ.get("SENTCL_PROMOTION_LEASE_S", "900"))
-LOCK_WAIT_S = float(os.environ.get("SENTCL_PROMOTION_WAIT_S", "600"))
 
 
 class PromotionLeaseDenied(TrackingAuthError):
@@ -45,9 +42,6 @@ class PromotionLeaseLost(PromotionLockTimeout):
 
 
 LEASE_SOURCE = "sentcl-lease:/promotion-lease"  # never read: a lease version has no files
-# On every lease version: which process holds (or waits for) it, precisely enough to tell from this host whether
-# it still runs: the kernel's boot id, the PID namespace, the PID and the process's start time.
-TAG_HOLDER = "holder"
 # On every MLflow run started while a lease is held: the lease model and the holder's token (version).
 TAG_RUN_LEASE, TAG_RUN_TOKEN = "sentcl.lease_model", "sentcl.lease_token"
 
@@ -90,54 +84,6 @@ class Lease:
         self.renew()
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of ``pid`` (clock ticks since boot, /proc/<pid>/stat field 22); None when it is gone."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rsplit(")", 1)[-1].split()
-    return fields[19] if len(fields) > 19 and fields[0] != "Z" else None  # a zombie has stopped holding
-
-
-def _here() -> dict[str, str]:
-    """This host and PID namespace: a holder found here can be checked for being alive."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        pidns = os.readlink("/proc/self/ns/pid")
-    except OSError:
-        return {}
-    return {"boot": boot, "pidns": pidns}
-
-
-def holder_identity() -> str:
-    """The ``holder`` tag of a lease version this process creates."""
-    here = _here()
-    start = _process_start(os.getpid())
-    if not here or start is None:
-        return "{}"
-    return json.dumps({**here, "pid": os.getpid(), "start": start}, sort_keys=True)
-
-
-def holder_gone(version) -> str | None:  # noqa: ANN001 (a ModelVersion of the lease model)
-    """Why the process that created this lease version has certainly ended (a sentence), or None when that
-    cannot be told from here: it ran on another host, in another PID namespace (a container, the worker's
-    sandbox), or left no ``holder`` tag. Checked on this host: the same boot, the same PID namespace, and its
-    PID no longer running the process that started at that moment (a reused PID is not it)."""
-    try:
-        holder = json.loads((version.tags or {}).get(TAG_HOLDER) or "{}")
-        pid, start = int(holder["pid"]), str(holder["start"])
-    except (ValueError, KeyError, TypeError):
-        return None
-    here = _here()
-    if not here or holder.get("boot") != here["boot"] or holder.get("pidns") != here["pidns"]:
-        return None
-    now = _process_start(pid)
-    if now == start:
-        return None
-    return f"process {pid} on this host has exited" + (" (its PID now runs another process)" if now else "")
-
-
 def _lease_model(mlc: MlflowClient, name: str) -> str:
     from mlflow.exceptions import MlflowException
 
@@ -158,9 +104,7 @@ def _lease_model(mlc: MlflowClient, name: str) -> str:
 
 
 @contextmanager
-def promotion_lock(
-    name: str, wait_s: float | None = None, lease_s: float | None = None, mlc: MlflowClient | None = None
-) -> Iterator[Lease]:
+def promotion_lock(name: str, times: LeaseTimes, mlc: MlflowClient | None = None) -> Iterator[Lease]:
     """One promotion at a time per registered model, across every machine that reaches the store.
 
     The lease model ``<name>.promotion-lease`` (created by ``sentcl_mlflow.auth setup``: only the gate's
@@ -172,13 +116,13 @@ def promotion_lock(
     belongs to a dead process and is deleted, which is how a killed holder's lease breaks (one clock: the
     server's). The holder renews once more right before it moves an alias (``Lease.check``): a holder whose
     lease was broken stops there with :class:`PromotionLeaseLost`. An account without EDIT on the lease
-    model is refused with :class:`PromotionLeaseDenied` and can neither take nor block it.
+    model is refused with :class:`PromotionLeaseDenied` and can neither take nor block it. ``times``:
+    params.yaml ``promotion:`` (``lease_s``, and ``wait_s``, how long this contender waits).
     """
     from mlflow.exceptions import MlflowException
 
     mlc = mlc or client()
-    wait_s = LOCK_WAIT_S if wait_s is None else wait_s
-    lease_s = LEASE_S if lease_s is None else lease_s
+    wait_s, lease_s = times.wait_s, times.lease_s
     lease_model = _lease_model(mlc, name)
     owner = f"{socket.gethostname()}:{os.getpid()}:{getpass.getuser()}"
     try:
@@ -280,7 +224,7 @@ def _raise_unreachable(error: BaseException, name: str, held: Lease, released: b
         f"its lease version {held.token} was released"
         if released
         else f"its lease version {held.token} of {held.model!r} expires by itself {held.lease_s:g}s after "
-        "its last renewal (SENTCL_PROMOTION_LEASE_S)"
+        "its last renewal (params promotion.lease_s)"
     )
     raise TrackingUnavailableError(
         f"MLflow tracking server {tracking_uri()} stopped answering ({describe(error)}) {when} the promotion "

@@ -15,7 +15,6 @@ Every file the gate reads is bounded by params.yaml ``gate:`` (``GateLimits``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -24,100 +23,29 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.params import ROOT
-from sentcl.registry.rules import REFUSED, TAG_REFUSED, TAG_STATE, GateLimits, PipelineShape, Scores
-from sentcl_mlflow.errors import GateDevSetError, GateRefusedError
+from sentcl.registry.dev_sets import MB, DevSets, Pair
+from sentcl.registry.rules import (
+    REFUSED,
+    TAG_REFUSED,
+    TAG_STATE,
+    GateLimits,
+    PipelineShape,
+    Scores,
+    pipeline_shape,
+)
+from sentcl_mlflow.errors import GateRefusedError
 from sentcl_mlflow.pyfunc_checks import DOWNLOAD_META, ManifestUnavailableError, WeightsMismatchError
 from sentcl_mlflow.registry.download import download_verified, st_folder_in
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-# The validate stage's table of scored pairs (stages.common.PROCESSED, which this layer cannot import).
-DEV_PAIRS = ROOT / "data" / "processed" / "pairs.parquet"
-
-Pair = tuple[str, str, float]
 # What scores a downloaded, verified model: (the version, the folder the logged model was downloaded to).
 Scorer = Callable[[Any, Path], Scores]
 # The serving code a logged model may carry: this repository's own files, byte for byte.
 SERVING_CODE = {name: Path(__file__).parents[1] / name for name in ("pyfunc_encoder.py", "pyfunc_checks.py")}
 PYFUNC_LOADER = "mlflow.pyfunc.loaders.code_model"  # what the export stage logs: a model from code
 PROBE = ("A probe sentence for the served pipeline.", "Another one, to measure its vectors.")
-MB = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class DevSets:
-    """The pairs the gate scores every model on: STS-B dev, SICK-R trial, and the domain's when given."""
-
-    stsb_dev: tuple[Pair, ...]
-    sick_dev: tuple[Pair, ...]
-    domain: tuple[Pair, ...] | None = None
-    source: str = ""
-
-    @classmethod
-    def load(
-        cls,
-        pairs_file: Path | str | None = None,
-        domain_dev: Path | str | None = None,
-        limits: GateLimits | None = None,
-    ) -> DevSets:
-        """From the validate stage's ``pairs.parquet`` (the selection sets of ``sentcl.data.roles``) and a domain dev file
-        (``sentence1<TAB>sentence2<TAB>score``, as ``--domain-dev`` reads it). Missing, empty, unreadable or past
-        ``limits`` (params.yaml ``gate:``): one line, :class:`GateDevSetError`."""
-        import pandas as pd
-
-        from sentcl.data.domain import DomainTextError, read_flag_pairs
-
-        path = Path(pairs_file or DEV_PAIRS)
-        if not path.is_file():
-            raise GateDevSetError(
-                f"{path}: no dev pairs for the gate to score models on; run `dvc repro validate` first"
-            )
-        from sentcl.data.roles import selection_sets
-
-        if limits is not None:
-            within(path, limits.max_pairs_table_mb, "gate.max_pairs_table_mb")
-        try:
-            table = pd.read_parquet(path, columns=["task", "split", "sentence1", "sentence2", "score"])
-        except Exception as e:  # pyarrow's ArrowInvalid, a missing column: not a pairs table
-            raise GateDevSetError(
-                f"{path}: not a pairs table the gate can read ({type(e).__name__})"
-            ) from None
-        # The selection role (sentcl.data.roles): STS-B dev as published, SICK-R trial less its test pairs.
-        sets = {name: tuple(rows) for name, rows in selection_sets(table).items()}
-        stsb = sets["stsb_dev"]
-        if len(stsb) < 3:
-            raise GateDevSetError(f"{path}: {len(stsb)} STS-B dev pair(s); the gate needs the dev split")
-        domain = None
-        if domain_dev is not None:
-            if limits is not None and Path(domain_dev).is_file():
-                within(Path(domain_dev), limits.max_domain_mb, "gate.max_domain_mb")
-            try:
-                domain = tuple(read_flag_pairs(domain_dev))
-            except DomainTextError as e:
-                raise GateDevSetError(str(e)) from None
-            if limits is not None and len(domain) > limits.max_domain_pairs:
-                raise GateDevSetError(
-                    f"{domain_dev}: {len(domain)} domain dev pairs, more than gate.max_domain_pairs "
-                    f"({limits.max_domain_pairs}); refused unread"
-                )
-        return cls(stsb, sets["sick_trial"], domain, str(path))
-
-    def describe(self) -> str:
-        parts = [f"{len(self.stsb_dev)} STS-B dev", f"{len(self.sick_dev)} SICK-R trial"]
-        if self.domain is not None:
-            parts.append(f"{len(self.domain)} domain dev")
-        return " + ".join(parts) + " pairs"
-
-
-def within(path: Path, limit_mb: float, key: str) -> None:
-    """``path`` is at most ``limit_mb`` MiB (its size, never its contents, read); else one line."""
-    size = path.stat().st_size
-    if size > limit_mb * MB:
-        raise GateDevSetError(
-            f"{path}: {size / MB:.1f} MiB, more than {key} ({limit_mb:g} MiB); refused unread"
-        )
 
 
 def _spearman(encode: Callable[[Sequence[str]], Any], pairs: Sequence[Pair]) -> float:
@@ -158,22 +86,6 @@ def check_serving_code(root: Path) -> None:
         ours = SERVING_CODE.get(path.name)
         if ours is None or path.read_bytes() != ours.read_bytes():
             raise ValueError(f"its serving code {rel.as_posix()} is not this repository's")
-
-
-def pipeline_shape(folder: Path, vectors: Any) -> PipelineShape:
-    """The modules ``folder`` lists (types, in order; a carried sentcl pooling last) and what ``vectors`` (the
-    served encoding of ``PROBE``) show: their size and whether every one is of unit length."""
-    import numpy as np
-
-    listed = json.loads((folder / "modules.json").read_text()) if (folder / "modules.json").is_file() else []
-    modules = [str(m.get("type", "?")) for m in listed if isinstance(m, dict)]
-    carried = folder / "sentcl_pooling.json"
-    if carried.is_file():
-        modules.append(f"sentcl_pooling:{json.loads(carried.read_text()).get('pooling')}")
-    array = np.asarray(vectors, dtype=np.float64)
-    norms = np.linalg.norm(array.reshape(len(array), -1), axis=1)
-    dimension = int(array.shape[1]) if array.ndim == 2 else 0
-    return PipelineShape(tuple(modules), dimension, bool(np.allclose(norms, 1.0, atol=1e-3)))
 
 
 def served_pipeline(root: Path, scratch: Path) -> Served:
@@ -224,11 +136,32 @@ class DevScorer:
         dev = self.dev
         guards = {"sick_dev": _spearman(served.encode, dev.sick_dev)} if len(dev.sick_dev) >= 3 else {}
         domain = _spearman(served.encode, dev.domain) if dev.domain else None
-        return _spearman(served.encode, dev.stsb_dev), guards, domain
+        return Scores(_spearman(served.encode, dev.stsb_dev), guards, domain)
 
     def __call__(self, _version: Any, root: Path) -> Scores:
         with tempfile.TemporaryDirectory(prefix="sentcl-score-") as tmp:
             return self.score(served_pipeline(root, Path(tmp)))
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What the gate scores models on: the validate stage's pairs table (``dev_pairs``, default
+    ``dev_sets.DEV_PAIRS``) and a domain's scored pairs (``domain_dev``), which decide (``domain_counts``: an
+    operator's, or approved ones) or only inform; ``scorer`` replaces the dev-set scoring (Python callers: tests),
+    the verification stays."""
+
+    dev_pairs: Path | str | None = None
+    domain_dev: Path | str | None = None
+    domain_counts: bool = True
+    scorer: Scorer | None = None
+
+    def make_scorer(self, limits: GateLimits) -> Scorer:
+        """Built only when the gate gets that far (a blocked or unfinished version needs no dev pairs)."""
+        if self.scorer is not None:
+            return self.scorer
+        dev = DevSets.load(self.dev_pairs, self.domain_dev, limits)
+        print(f"gate: scoring on {dev.describe()} ({dev.source})")
+        return DevScorer(dev)
 
 
 def refuse(mlc: MlflowClient, name: str, version: str, reason: str) -> None:

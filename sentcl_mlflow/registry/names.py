@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from sentcl.params import process_params
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.errors import unreachable
 from sentcl_mlflow.store import EXPERIMENT
@@ -16,11 +14,6 @@ if TYPE_CHECKING:
     from mlflow import MlflowClient
 
 CHALLENGER, CHAMPION = "challenger", "champion"
-REGISTERING, READY = "registering", "ready"
-
-
-def gate_config(params: Mapping[str, Any] | None = None) -> GateConfig:
-    return GateConfig.from_params(params if params is not None else process_params())
 
 
 # `make serve` sets it on the worker (so its flow runs and their stages): they hold the registrar's account,
@@ -53,11 +46,23 @@ def production_experiment(experiment: str = EXPERIMENT) -> str:
     return experiment + PRODUCTION_EXPERIMENT_SUFFIX
 
 
-def run_experiment(model_name: str, config: GateConfig | None = None) -> str:
+def run_experiment(model_name: str, config: GateConfig) -> str:
     """The experiment a registration's model run is logged in: the gate-only production experiment for the
     production model, the shared one for the experiments model (and anything else)."""
-    config = config or gate_config()
     return production_experiment() if model_name == config.model_name else EXPERIMENT
+
+
+def move_champion(mlc: MlflowClient, name: str, target: str, lease: Any) -> None:  # a lease.Lease
+    """``champion`` of ``name`` set to ``target`` right after the lease's fencing check (a holder whose lease was
+    broken stops before the alias moves), then read back: another writer that bypassed the lease is an error."""
+    lease.check()
+    mlc.set_registered_model_alias(name, CHAMPION, str(target))
+    after = version_or_none(mlc, name, CHAMPION)
+    if after is None or str(after.version) != str(target):
+        raise RuntimeError(
+            f"champion of {name!r} reads back as {after.version if after else None} after moving it to "
+            f"{target}: another writer bypassed the promotion lease"
+        )
 
 
 def utc_timestamp() -> str:

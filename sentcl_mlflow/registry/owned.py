@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import (
+    REGISTERING,
     TAG_STATE,
     TAG_WEIGHTS,
     GateLimits,
@@ -34,7 +35,7 @@ from sentcl_mlflow.pyfunc_checks import (
 )
 from sentcl_mlflow.registry.download import st_folder_in
 from sentcl_mlflow.registry.measure import refusal, unscorable, verified_download
-from sentcl_mlflow.registry.names import REGISTERING, production_experiment
+from sentcl_mlflow.registry.names import production_experiment
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sentcl.registry.rules import (
+    READY,
     REFUSED,
+    REGISTERING,
     TAG_ROLLED_BACK,
     TAG_STATE,
-    TAG_STS,
-    TAG_STSB_DEV,
-    TAG_WEIGHTS,
+    Registration,
     version_weights,
     weight_file_digests,
     weights_fingerprint,
@@ -23,8 +22,6 @@ from sentcl_mlflow.registry.lease import TAG_RUN_LEASE, TAG_RUN_TOKEN, Lease
 from sentcl_mlflow.registry.names import (
     CHALLENGER,
     CHAMPION,
-    READY,
-    REGISTERING,
     mlflow_error_code,
     utc_timestamp,
     version_or_none,
@@ -113,17 +110,13 @@ def _create_version(mlc: MlflowClient, name: str, model_uri: str, run_id: str | 
     return str(mlc.create_model_version(name, model_uri, run_id=run_id, tags=tags).version)
 
 
-def register_locked(
-    mlc: MlflowClient,
-    name: str,
-    model_uri: str | Callable[[], tuple[str, str | None]],
-    stsb_dev: float,
-    sts_all: Mapping[str, float],
-    weights_sha256: str | None,
-    tags: Mapping[str, Any] | None,
-    run_id: str | None,
-) -> tuple[str, bool]:
+def register_locked(mlc: MlflowClient, name: str, registration: Registration) -> tuple[str, bool]:
     """(version, created?). With the lease held. A version with the same weights is reused, never doubled."""
+    model_uri, run_id, weights_sha256 = (
+        registration.model_uri,
+        registration.run_id,
+        registration.weights_sha256,
+    )
     if weights_sha256:
         existing = _same_weights(mlc, name, weights_sha256)
         if existing is not None:
@@ -135,21 +128,8 @@ def register_locked(
     if callable(model_uri):  # logged only now that it is known to be needed
         model_uri, run_id = model_uri()
     manifest, sizes = registration_manifest(model_uri, weights_sha256)
-    all_tags = {
-        TAG_STSB_DEV: f"{float(stsb_dev):.6f}",
-        TAG_STS: json_dumps({k: round(float(v), 6) for k, v in sts_all.items()}),
-        **{k: str(v) for k, v in (tags or {}).items()},
-        TAG_STATE: REGISTERING,
-    }
-    if weights_sha256:
-        all_tags[TAG_WEIGHTS] = weights_sha256
-    all_tags[TAG_MANIFEST] = json_dumps(manifest)
-    all_tags[TAG_SIZES] = json_dumps(sizes)
-    if run_id:
-        all_tags.setdefault("run_id", run_id)
-    commit = git_commit()
-    if commit:
-        all_tags.setdefault("git_commit", commit)
+    all_tags = registration.record(run_id, git_commit())
+    all_tags |= {TAG_MANIFEST: json_dumps(manifest), TAG_SIZES: json_dumps(sizes)}
     version = _create_version(mlc, name, model_uri, run_id, all_tags)
     mlc.set_registered_model_alias(name, CHALLENGER, version)
     if run_id:

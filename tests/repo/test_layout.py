@@ -19,7 +19,14 @@ MAY_IMPORT = {
     "sentcl.model": {"sentcl.params", "sentcl.digest", "sentcl.data"},
     "sentcl.evaluation": {"sentcl.params", "sentcl.digest", "sentcl.data", "sentcl.model"},
     "sentcl.training": {"sentcl.params", "sentcl.digest", "sentcl.data", "sentcl.model", "sentcl.evaluation"},
-    "sentcl.registry": {"sentcl.params", "sentcl.digest", "sentcl.data", "sentcl.model", "sentcl.evaluation"},
+    "sentcl.registry": {
+        "sentcl.params",
+        "sentcl.digest",
+        "sentcl.data",
+        "sentcl.model",
+        "sentcl.evaluation",
+        "sentcl.training",
+    },
     "sentcl.retrain": {
         "sentcl.params",
         "sentcl.digest",

@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from sentcl.params import read_params
-from sentcl.registry.rules import GateConfig
+from sentcl.registry.rules import GateConfig, LeaseTimes, Registration
+from sentcl.registry.verdict import Override
 from sentcl_mlflow import auth, store
 from sentcl_mlflow.errors import GateRefusedError, PromotionLockTimeout
 from sentcl_mlflow.pyfunc_checks import TAG_MANIFEST, ModelTamperedError
@@ -35,6 +36,7 @@ from sentcl_mlflow.registry.lease import (
     PromotionLeaseLost,
     promotion_lock,
 )
+from sentcl_mlflow.registry.measure import Evidence
 from sentcl_mlflow.registry.names import production_experiment, run_experiment
 from tests.paths import ROOT
 from tests.services.test_mlflow_outage import make_release, run_register
@@ -200,9 +202,11 @@ def test_only_the_gate_account_moves_champion(auth_server, monkeypatch, tmp_path
     (tmp_path / "w.bin").write_bytes(b"w")
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
+    params = {**read_params(), "registry": {**CONFIG.__dict__}}  # the gate, lease and limits of the checkout
     first = register_and_gate(
-        source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id, params=params, scorer=as_registered
+        Registration(source, 80.0, TABLE, name=CONFIG.model_name, run_id=run_id),
+        params,
+        evidence=Evidence(scorer=as_registered),
     )
     assert first["gate"]["promoted"]
 
@@ -241,7 +245,9 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
     (folder / "MLmodel").write_text("flavors: {}\n")
     mlc.log_artifacts(run_id, str(folder), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    version = register_candidate(source, 70.0, TABLE, name=CONFIG.model_name, run_id=run_id)
+    version = register_candidate(
+        Registration(source, 70.0, TABLE, name=CONFIG.model_name, run_id=run_id), read_params()
+    )
     manifest = json.loads(mlc.get_model_version(CONFIG.model_name, version).tags[TAG_MANIFEST])
     assert set(manifest) == {"encoder/model.safetensors", "pyfunc_encoder.py", "MLmodel"}
     root = download_verified(f"models:/{CONFIG.model_name}/{version}", tmp_path / "ok")
@@ -282,12 +288,16 @@ def test_a_changed_file_of_a_registered_model_is_refused_before_loading(auth_ser
 
     # And the gate, as the gate's account (even forced), refuses to make it champion: one line, nothing moves.
     before = mlc.get_model_version_by_alias(CONFIG.model_name, "champion").version
-    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
+    params = {**read_params(), "registry": {**CONFIG.__dict__}}  # the gate, lease and limits of the checkout
     with pytest.raises(GateRefusedError, match=f"version {version}: .*pyfunc_encoder.py changed") as refused:
-        promote(CONFIG.model_name, version=version, params=params, scorer=as_registered)
+        promote(params, CONFIG.model_name, version=version, evidence=Evidence(scorer=as_registered))
     assert "\n" not in str(refused.value)
     forced = promote(
-        CONFIG.model_name, version=version, params=params, actor="eve", force=True, scorer=as_registered
+        params,
+        CONFIG.model_name,
+        version=version,
+        evidence=Evidence(scorer=as_registered),
+        override=Override(actor="eve", force=True),
     )
     assert not forced["promoted"] and "refused" in forced["reasons"][0]
     assert mlc.get_model_version_by_alias(CONFIG.model_name, "champion").version == before
@@ -351,10 +361,11 @@ def _write(path: Path, text: str) -> Path:
 
 HOLD_LEASE = """
 import sys, time
+from sentcl.registry.rules import LeaseTimes
 from sentcl_mlflow.registry import lease as leases
 if sys.argv[4:] == ["elsewhere"]:  # a holder on another machine: nothing here can tell whether it still runs
     leases.holder_identity = lambda: "{}"
-with leases.promotion_lock(sys.argv[1], lease_s=float(sys.argv[2])) as lease:
+with leases.promotion_lock(sys.argv[1], LeaseTimes(lease_s=float(sys.argv[2]), wait_s=600)) as lease:
     print("holding", lease.token, flush=True)
     time.sleep(float(sys.argv[3]))
 print("released", flush=True)
@@ -400,7 +411,7 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
     with pytest.raises(MlflowException):  # it exists (the admin made it): nobody else owns it
         mlc.create_registered_model(lease_model)
     with pytest.raises(PromotionLeaseDenied, match="only the gate's account"):
-        with promotion_lock(CONFIG.model_name, wait_s=1, mlc=mlc):
+        with promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=1), mlc):
             pass
     for attempt in (
         lambda: mlc.create_model_version(lease_model, LEASE_SOURCE),
@@ -425,7 +436,7 @@ def test_a_teammate_can_neither_take_nor_block_the_promotion_lease(auth_server, 
     # Meanwhile the gate takes and releases it at once: nothing was left behind by the attempts.
     # (wait_s=5: a lease version left ahead of it would make this wait, then time out.)
     as_user(monkeypatch, GATE)
-    with promotion_lock(CONFIG.model_name, wait_s=5, mlc=store.client()) as lease:
+    with promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=5), store.client()) as lease:
         assert int(lease.token) >= 1
 
 
@@ -441,14 +452,14 @@ def test_a_killed_holders_lease_expires_on_the_servers_clock_and_a_broken_holder
     real_time = time.time
     monkeypatch.setattr(time, "time", lambda: real_time() + 10**6)  # the waiter's clock, far ahead
     with pytest.raises(PromotionLockTimeout, match="held by"):
-        with promotion_lock(CONFIG.model_name, wait_s=5, mlc=mlc):
+        with promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=5), mlc):
             pass
     monkeypatch.setattr(time, "time", real_time)
     holder.kill()
     holder.wait(30)
     # Killed with -9: its lease stops being renewed and is broken once 3 s of server time have passed.
     started = time.monotonic()
-    with promotion_lock(CONFIG.model_name, wait_s=30, mlc=mlc) as lease:
+    with promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=30), mlc) as lease:
         waited = time.monotonic() - started
         # Fencing: a holder whose lease was broken (here: its version deleted, as a waiter does to an
         # expired one) is stopped by the check before any alias write.
@@ -469,14 +480,17 @@ def test_a_dead_holders_lease_on_this_host_is_broken_at_once_and_a_live_one_neve
     holder = _hold_lease(CONFIG.model_name, 900.0, 120.0, GATE)
     try:
         with pytest.raises(PromotionLockTimeout, match="held by"):  # alive: not broken
-            with promotion_lock(CONFIG.model_name, wait_s=3, mlc=mlc):
+            with promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=3), mlc):
                 pass
     finally:
         holder.kill()
         holder.wait(30)
     started = time.monotonic()
     out = io.StringIO()
-    with contextlib.redirect_stdout(out), promotion_lock(CONFIG.model_name, wait_s=60, mlc=mlc) as lease:
+    with (
+        contextlib.redirect_stdout(out),
+        promotion_lock(CONFIG.model_name, LeaseTimes(lease_s=900, wait_s=60), mlc) as lease,
+    ):
         waited = time.monotonic() - started
         assert int(lease.token) >= 1
     assert waited < 30, waited  # not the 900 s of its lease
@@ -662,22 +676,24 @@ def test_who_promoted_and_rolled_back_is_the_authenticated_account_and_by_is_a_n
 
     as_user(monkeypatch, GATE)
     mlc = store.client()
-    params = {"registry": {**CONFIG.__dict__}, "gate": dict(read_params()["gate"])}
+    params = {**read_params(), "registry": {**CONFIG.__dict__}}  # the gate, lease and limits of the checkout
     versions = []
     for score in (500.0, 600.0):  # above any champion the other tests leave; weights of their own
         run_id = mlc.create_run(store.experiment_id(mlc, production_experiment())).info.run_id
         mlc.log_artifact(run_id, str(_write(tmp_path / f"w{score}" / "w.bin", str(score))), "model")
         source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
         result = register_and_gate(
-            source,
-            score,
-            {k: v + score for k, v in TABLE.items()},
-            name=CONFIG.model_name,
-            run_id=run_id,
-            params=params,
-            weights_sha256=f"{int(score) * 7919:064x}",
+            Registration(
+                source,
+                score,
+                {k: v + score for k, v in TABLE.items()},
+                name=CONFIG.model_name,
+                run_id=run_id,
+                weights_sha256=f"{int(score) * 7919:064x}",
+            ),
+            params,
+            evidence=Evidence(scorer=as_registered),
             actor="bob",
-            scorer=as_registered,
         )
         versions.append(result["version"])
     tags = mlc.get_model_version(CONFIG.model_name, versions[-1]).tags

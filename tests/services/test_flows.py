@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
+from sentcl.registry.rules import Registration
 from sentcl_mlflow import store
 from sentcl_mlflow.registry.gate import register_candidate
 from tests.paths import ROOT
@@ -107,7 +109,9 @@ def test_promote_flow_holds_the_global_limit_and_runs_the_gate(prefect_server, s
     model = make_tiny_encoder(scratch_store, "m")  # the gate downloads, verifies and scores it
     mlc.log_artifacts(run_id, str(model), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    register_candidate(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id)
+    register_candidate(
+        Registration(source, 70.0, {"STS12": 60.0}, name="flow-test", run_id=run_id), read_params()
+    )
     processed = write_tiny_processed(scratch_store / "processed")
     result = promote_flow(actor="ci", model="flow-test", processed=str(processed))
     assert result["promoted"] and result["champion_after"] == "1"

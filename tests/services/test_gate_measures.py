@@ -18,11 +18,13 @@ from pathlib import Path
 import pytest
 
 from sentcl.params import read_params
-from sentcl.registry.rules import TAG_WEIGHTS, weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import TAG_WEIGHTS, Registration, weight_file_digests, weights_fingerprint
+from sentcl.registry.verdict import Override
 from sentcl_mlflow import store
 from sentcl_mlflow.errors import GateRefusedError
 from sentcl_mlflow.registry import gate
 from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.registry.measure import Evidence
 from tests.paths import ROOT
 from tests.services.test_registry import PLUS1, champion, mlflow_server, write_dev_pairs  # noqa: F401 (a fixture)
 from tests.tiny import make_tiny_encoder, tiny_sentences
@@ -56,13 +58,16 @@ def register_folder(folder: Path, name: str, stsb_dev: float, sick_dev: float) -
     mlc.log_artifacts(run_id, str(folder), "model")
     mlc.set_terminated(run_id)
     version = register_candidate(
-        f"{mlc.get_run(run_id).info.artifact_uri}/model",
-        stsb_dev,
-        PLUS1,
-        name=name,
-        run_id=run_id,
-        tags={"dev_scores": json.dumps({"sick_dev": sick_dev})},
-        weights_sha256=weights_fingerprint(weight_file_digests(folder)),
+        Registration(
+            f"{mlc.get_run(run_id).info.artifact_uri}/model",
+            stsb_dev,
+            PLUS1,
+            name=name,
+            tags={"dev_scores": json.dumps({"sick_dev": sick_dev})},
+            run_id=run_id,
+            weights_sha256=weights_fingerprint(weight_file_digests(folder)),
+        ),
+        read_params(),
     )
     return version, run_id
 
@@ -83,10 +88,12 @@ def test_false_score_tags_are_not_believed_the_gates_own_scores_decide(models, c
     mlc = store.client()
     pairs = models["pairs"]
     good, _ = register_folder(models["good"], MEASURED, 10.0, 10.0)  # it claims little
-    assert gate.promote(MEASURED, version=good, dev_pairs=pairs)["promoted"]  # the first model
+    assert gate.promote(read_params(), MEASURED, version=good, evidence=Evidence(dev_pairs=pairs))[
+        "promoted"
+    ]  # the first model
     poor, _ = register_folder(models["poor"], MEASURED, 99.0, 99.0)  # it claims far more than it has
     capsys.readouterr()
-    result = gate.promote(MEASURED, version=poor, dev_pairs=pairs)
+    result = gate.promote(read_params(), MEASURED, version=poor, evidence=Evidence(dev_pairs=pairs))
     out = capsys.readouterr().out
 
     assert not result["promoted"] and champion(mlc, MEASURED) == good
@@ -127,7 +134,9 @@ def test_the_gate_scores_both_models_on_a_domain_dev_file_itself(models, tmp_pat
         )
     )
     version, _ = register_folder(models["other"], MEASURED, 99.0, 99.0)
-    result = gate.promote(MEASURED, version=version, dev_pairs=models["pairs"], domain_dev=dev)
+    result = gate.promote(
+        read_params(), MEASURED, version=version, evidence=Evidence(dev_pairs=models["pairs"], domain_dev=dev)
+    )
     assert not result["promoted"] and any("domain spearman" in r for r in result["reasons"])
     tags = mlc.get_model_version(MEASURED, version).tags
     assert float(tags["gate.champion_domain_dev"]) > 99.0
@@ -140,7 +149,9 @@ def test_a_version_changed_after_registration_is_refused_and_champion_stays(mode
     mlc = store.client()
     pairs = models["pairs"]
     first, _ = register_folder(models["poor"], TAMPERED, 50.0, 50.0)
-    assert gate.promote(TAMPERED, version=first, dev_pairs=pairs)["promoted"]
+    assert gate.promote(read_params(), TAMPERED, version=first, evidence=Evidence(dev_pairs=pairs))[
+        "promoted"
+    ]
     better = tmp_path / "better"
     shutil.copytree(models["good"], better)
     (better / "MLmodel").write_text("flavors: {}\n")
@@ -151,7 +162,7 @@ def test_a_version_changed_after_registration_is_refused_and_champion_stays(mode
     mlc.log_artifact(run_id, str(swapped), "model")  # replaces model/MLmodel in the store
 
     with pytest.raises(GateRefusedError) as refused:
-        gate.promote(TAMPERED, version=version, dev_pairs=pairs)
+        gate.promote(read_params(), TAMPERED, version=version, evidence=Evidence(dev_pairs=pairs))
     message = str(refused.value)
     assert "\n" not in message and f"{TAMPERED} version {version}" in message
     assert "MLmodel changed since registration" in message and "champion not moved" in message
@@ -160,7 +171,13 @@ def test_a_version_changed_after_registration_is_refused_and_champion_stays(mode
     assert tags["sentcl.state"] == "refused" and "MLmodel changed" in tags["gate.refused"]
     assert "gate.decision" not in tags  # no decision was made on it
 
-    forced = gate.promote(TAMPERED, version=version, actor="eve", force=True, dev_pairs=pairs)
+    forced = gate.promote(
+        read_params(),
+        TAMPERED,
+        version=version,
+        evidence=Evidence(dev_pairs=pairs),
+        override=Override(actor="eve", force=True),
+    )
     assert not forced["promoted"] and "refused" in forced["reasons"][0]
     assert champion(mlc, TAMPERED) == first
 
@@ -178,7 +195,7 @@ def test_the_gate_process_verifies_a_candidate_before_its_tags_decide_anything(m
     registry = {**params["registry"], "model_name": JUDGED, "candidate_model_name": JUDGED_CANDIDATES}
     params = {**params, "registry": registry}
     first, _ = register_folder(models["good"], JUDGED, 10.0, 10.0)
-    assert gate.promote(JUDGED, version=first, params=params, dev_pairs=pairs)["promoted"]
+    assert gate.promote(params, JUDGED, version=first, evidence=Evidence(dev_pairs=pairs))["promoted"]
     champion_weights = mlc.get_model_version(JUDGED, first).tags[TAG_WEIGHTS]
 
     def refused_in_one_line(version: str) -> str:

@@ -19,8 +19,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from sentcl.params import read_params
+from sentcl.registry.rules import Registration
+from sentcl.registry.verdict import Override
 from sentcl_mlflow import runs, store
 from sentcl_mlflow.registry import gate
+from sentcl_mlflow.registry.measure import Evidence
 from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.services.test_gate_measures import register_folder
 from tests.services.test_registry import TABLE, champion, mlflow_server, write_dev_pairs  # noqa: F401 (a fixture)
@@ -88,9 +92,9 @@ def test_a_dense_module_after_the_pooling_is_scored_as_served_and_refused(shaped
     mlc = store.client()
     pairs = shaped["pairs"]
     first, _ = register_folder(shaped["poor"], SHAPED, 10.0, 10.0)
-    assert gate.promote(SHAPED, version=first, dev_pairs=pairs)["promoted"]
+    assert gate.promote(read_params(), SHAPED, version=first, evidence=Evidence(dev_pairs=pairs))["promoted"]
     version, _ = register_folder(shaped["dense"], SHAPED, 99.0, 99.0)
-    result = gate.promote(SHAPED, version=version, dev_pairs=pairs)
+    result = gate.promote(read_params(), SHAPED, version=version, evidence=Evidence(dev_pairs=pairs))
     tags = mlc.get_model_version(SHAPED, version).tags
     assert not result["promoted"] and champion(mlc, SHAPED) == first, result
     assert float(tags["gate.stsb_dev"]) == pytest.approx(
@@ -110,14 +114,26 @@ def test_another_pipeline_is_refused_on_its_shape_alone_unless_an_operator_allow
     pairs = shaped["pairs"]
     before = champion(mlc, SHAPED)
     version, _ = register_folder(shaped["normalized"], SHAPED, 50.0, 50.0)
-    result = gate.promote(SHAPED, version=version, dev_pairs=pairs)
+    result = gate.promote(read_params(), SHAPED, version=version, evidence=Evidence(dev_pairs=pairs))
     assert not result["promoted"] and champion(mlc, SHAPED) == before
     stsb = [r for r in result["reasons"] if r.startswith("stsb_dev")]
     assert stsb and ">= min_delta" in stsb[0], result["reasons"]  # the score alone would promote it
     assert any("it normalises its vectors" in r for r in result["reasons"]), result["reasons"]
     with pytest.raises(ValueError, match="--by NAME"):
-        gate.promote(SHAPED, version=version, dev_pairs=pairs, allow_pipeline_change=True)
-    allowed = gate.promote(SHAPED, version=version, dev_pairs=pairs, allow_pipeline_change=True, actor="ops")
+        gate.promote(
+            read_params(),
+            SHAPED,
+            version=version,
+            evidence=Evidence(dev_pairs=pairs),
+            override=Override(allow_pipeline_change=True),
+        )
+    allowed = gate.promote(
+        read_params(),
+        SHAPED,
+        version=version,
+        evidence=Evidence(dev_pairs=pairs),
+        override=Override(actor="ops", allow_pipeline_change=True),
+    )
     assert allowed["promoted"] and any("allowed by" in r for r in allowed["reasons"]), allowed
     assert champion(mlc, SHAPED) == version
 
@@ -154,8 +170,10 @@ def test_a_logged_model_is_scored_through_its_loader_and_only_with_this_reposito
     pairs = shaped["pairs"]
     digest = weights_fingerprint(weight_file_digests(shaped["good"]))
     uri = _log_pyfunc(shaped["good"], PYFUNC_MODEL)
-    first = gate.register_candidate(uri, 10.0, TABLE, name=CODED, weights_sha256=digest)
-    result = gate.promote(CODED, version=first, dev_pairs=pairs)
+    first = gate.register_candidate(
+        Registration(uri, 10.0, TABLE, name=CODED, weights_sha256=digest), read_params()
+    )
+    result = gate.promote(read_params(), CODED, version=first, evidence=Evidence(dev_pairs=pairs))
     assert result["promoted"], result
     tags = mlc.get_model_version(CODED, first).tags
     assert float(tags["gate.stsb_dev"]) == pytest.approx(
@@ -166,9 +184,11 @@ def test_a_logged_model_is_scored_through_its_loader_and_only_with_this_reposito
     theirs.write_text(PYFUNC_MODEL.read_text() + "\nREGISTRANTS_OWN = True\n")
     copy = shutil.copytree(shaped["poor"], tmp_path / "poor-again")
     poor = weights_fingerprint(weight_file_digests(copy))
-    second = gate.register_candidate(_log_pyfunc(copy, theirs), 99.0, TABLE, name=CODED, weights_sha256=poor)
+    second = gate.register_candidate(
+        Registration(_log_pyfunc(copy, theirs), 99.0, TABLE, name=CODED, weights_sha256=poor), read_params()
+    )
     with pytest.raises(GateRefusedError) as refused:
-        gate.promote(CODED, version=second, dev_pairs=pairs)
+        gate.promote(read_params(), CODED, version=second, evidence=Evidence(dev_pairs=pairs))
     assert "pyfunc_encoder.py is not this repository's" in str(refused.value)
     assert "\n" not in str(refused.value) and champion(mlc, CODED) == first
     assert mlc.get_model_version(CODED, second).tags["sentcl.state"] == "refused"

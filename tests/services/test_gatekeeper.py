@@ -23,12 +23,14 @@ import pandas as pd
 import pytest
 
 from sentcl.params import read_params
-from sentcl.registry.rules import GateConfig, GateLimits, weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import GateConfig, GateLimits, LeaseTimes, weight_file_digests, weights_fingerprint
+from sentcl.registry.verdict import Override
 from sentcl_mlflow import auth, store
 from sentcl_mlflow.registry.download import download_verified
 from sentcl_mlflow.registry.gate import promote
 from sentcl_mlflow.registry.gatekeeper import DOMAIN_DEV_ARTIFACT, TAG_GATE_INPUTS, gate_inputs_tag, verdict
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied
+from sentcl_mlflow.registry.measure import Evidence
 from sentcl_mlflow.registry.names import production_experiment
 from tests.paths import ROOT
 from tests.services.test_auth import ADMIN, GATE, TEAM, as_user, auth_server  # noqa: F401 (a fixture)
@@ -109,6 +111,7 @@ def _register(
     """(version, run id): ``folder`` registered into the candidates model as the registrar, with the score
     tags its registrant claims. ``before_ready(run_id, version)`` runs after the registration manifest is recorded
     and before the version is ``ready`` (what the gate process waits for), so nothing races it."""
+    from sentcl.registry.rules import Registration
     from sentcl_mlflow.registry.lease import promotion_lock
     from sentcl_mlflow.registry.versions import register_locked
 
@@ -116,17 +119,18 @@ def _register(
     run_id = mlc.create_run(store.experiment_id(mlc), run_name=folder.name).info.run_id
     mlc.log_artifacts(run_id, str(folder), "model")
     mlc.set_terminated(run_id)
-    with promotion_lock(CANDIDATES, mlc=mlc):  # what register_candidate does, with a pause before `ready`
-        version, created = register_locked(
-            mlc,
-            CANDIDATES,
+    with promotion_lock(
+        CANDIDATES, LeaseTimes.from_params(read_params()), mlc
+    ):  # what register_candidate does, with a pause before `ready`
+        registration = Registration(
             f"{mlc.get_run(run_id).info.artifact_uri}/model",
             stsb_dev,
             PLUS1,
-            weights_fingerprint(weight_file_digests(folder)),
-            {"dev_scores": json.dumps({"sick_dev": sick_dev}), **(tags or {})},
-            run_id,
+            tags={"dev_scores": json.dumps({"sick_dev": sick_dev}), **(tags or {})},
+            run_id=run_id,
+            weights_sha256=weights_fingerprint(weight_file_digests(folder)),
         )
+        version, created = register_locked(mlc, CANDIDATES, registration)
         assert created
         if before_ready is not None:
             before_ready(run_id, version)
@@ -520,11 +524,11 @@ def test_the_registrar_registers_candidates_and_cannot_move_champion(gate_proces
     _denied(lambda: mlc.create_model_version(PROD, f"models:/{CANDIDATES}/1"))
     with pytest.raises(PromotionLeaseDenied):  # the CLI's forced promotion, as the worker's account
         promote(
+            read_params(),
             PROD,
             version=other,
-            actor="mallory",
-            force=True,
-            dev_pairs=gate_process["processed"] / "pairs.parquet",
+            evidence=Evidence(dev_pairs=gate_process["processed"] / "pairs.parquet"),
+            override=Override(actor="mallory", force=True),
         )
     assert _champion(mlc) == champion
     mlc.set_registered_model_alias(CANDIDATES, "challenger", "1")  # its own model: it may
@@ -561,7 +565,7 @@ def test_a_non_dumpable_process_hides_its_environ_from_its_own_os_user(closed, t
     own source runs, under the system python (the venv's may not be readable by nobody)."""
     import inspect
 
-    from sentcl_mlflow.registry.gatekeeper import PR_SET_DUMPABLE, close_process
+    from sentcl.registry.host import PR_SET_DUMPABLE, close_process
 
     as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", "-c"]
     body = f"PR_SET_DUMPABLE = {PR_SET_DUMPABLE}\n" + inspect.getsource(close_process)
@@ -613,7 +617,7 @@ def _pairs_table(rows: int, word: str) -> bytes:
 
 def test_dev_pairs_absent_at_the_gates_start_are_pinned_when_they_first_appear(tmp_path):
     """No `dvc repro validate` before `make serve`: the first table the gate finds is the one it keeps."""
-    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl.registry.dev_sets import GateDevSetError
     from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
 
     source = tmp_path / "processed" / "pairs.parquet"
@@ -637,7 +641,7 @@ def test_a_table_that_is_not_pairs_or_too_large_is_refused_unpinned_and_read_aga
     one line each, nothing pinned, and the next judgment reads the table again and pins a good one."""
     import dataclasses
 
-    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl.registry.dev_sets import GateDevSetError
     from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
 
     source = tmp_path / "processed" / "pairs.parquet"
@@ -663,7 +667,7 @@ def test_a_table_that_is_not_pairs_or_too_large_is_refused_unpinned_and_read_aga
 def test_the_gates_scratch_is_emptied_but_for_its_pinned_copy(tmp_path):
     """What a killed gate left in its scratch (downloads, copies, a planted link) is removed at start and after
     each judgment; the pinned dev pairs stay, and a link is removed without following it."""
-    from sentcl_mlflow.registry.gatekeeper import clear_scratch
+    from sentcl.registry.host import clear_scratch
 
     scratch = tmp_path / "scratch"
     (scratch / "sentcl-gate-old" / "0-3").mkdir(parents=True)
@@ -685,7 +689,7 @@ def test_the_gates_scratch_is_emptied_but_for_its_pinned_copy(tmp_path):
 def test_what_the_worker_plants_in_place_of_the_dev_pairs_is_refused_never_followed(tmp_path, planted):
     """The worker writes data/processed: a link to a secret there (or a linked folder on the way, a FIFO, a
     folder) is refused in one line, and nothing of the secret is read or copied into the gate's folder."""
-    from sentcl_mlflow.errors import GateDevSetError
+    from sentcl.registry.dev_sets import GateDevSetError
     from sentcl_mlflow.registry.gatekeeper import PinnedDevPairs
 
     secret = tmp_path / "dot.env"

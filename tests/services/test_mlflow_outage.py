@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from sentcl.params import read_params
-from sentcl.registry.rules import weight_file_digests, weights_fingerprint
+from sentcl.registry.rules import Registration, weight_file_digests, weights_fingerprint
 from sentcl_mlflow import errors, exit_codes, store
 from sentcl_mlflow.errors import PromotionLockTimeout
 from sentcl_mlflow.registry.gate import register_candidate
@@ -231,9 +231,9 @@ def run_register(release: Path, tmp_path: Path, timeout: float, **env: str) -> s
 
 def start_register(uri: str, release: Path, tmp_path: Path) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL" and not k.startswith("MLFLOW_HTTP_")}
-    env.update(MLFLOW_TRACKING_URI=uri, SENTCL_PROMOTION_LEASE_S=str(LEASE_S), SENTCL_ACTOR="outage-test")
+    env.update(MLFLOW_TRACKING_URI=uri, SENTCL_ACTOR="outage-test")
     return subprocess.Popen(
-        register_command(release, tmp_path),
+        [*register_command(release, tmp_path), "--set", f"promotion.lease_s={LEASE_S}"],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -290,7 +290,7 @@ def test_killed_mlflow_mid_register_is_one_line_exit_75_and_the_next_registratio
     (tmp_path / "w.bin").write_bytes(b"w")
     mlc.log_artifact(run_id, str(tmp_path / "w.bin"), "model")
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
-    register_candidate(source, 70.0, TABLE, name=NAME, run_id=run_id)
+    register_candidate(Registration(source, 70.0, TABLE, name=NAME, run_id=run_id), read_params())
     for orphan in orphans:
         run = mlc.get_run(orphan)
         assert run.info.status == "FAILED" and "sentcl.failed_by" in run.data.tags

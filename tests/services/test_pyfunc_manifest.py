@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from sentcl.params import read_params
+from sentcl.registry.rules import Registration
 from sentcl_mlflow import pyfunc_checks, runs, store
 from sentcl_mlflow.pyfunc_checks import ModelTamperedError
 from sentcl_mlflow.registry.gate import register_candidate
@@ -57,13 +59,16 @@ def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:
     run_id, model_uri = log_tiny_pyfunc(tiny_model, expected)
     digests = weight_file_digests(tiny_model)
     version = register_candidate(
-        model_uri,
-        80.0,
-        TABLE,
-        name=name,
-        run_id=run_id,
-        tags={"weights_sha256": json.dumps(digests)},
-        weights_sha256=weights_fingerprint(digests),
+        Registration(
+            model_uri,
+            80.0,
+            TABLE,
+            name=name,
+            tags={"weights_sha256": json.dumps(digests)},
+            run_id=run_id,
+            weights_sha256=weights_fingerprint(digests),
+        ),
+        read_params(),
     )
     return f"models:/{name}/{version}", expected
 

@@ -25,10 +25,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sentcl.registry.rules import scores_from_tags
+from sentcl.params import read_params
+from sentcl.registry.rules import Registration, Scores
+from sentcl.registry.verdict import Override
 from sentcl_mlflow import store
 from sentcl_mlflow.registry import gate
-from sentcl_mlflow.registry.gate import register_candidate, rollback
+from sentcl_mlflow.registry.gate import register_candidate
+from sentcl_mlflow.registry.measure import Evidence
 from tests.paths import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences
 
@@ -48,11 +51,23 @@ TABLE = {
 def as_registered(version, _root: Path):  # noqa: ANN001 (an MLflow ModelVersion)
     """The scores a fast test registered a version with (its tags): the test's stand-in for the dev-set scoring
     of the gate, so that it can order versions at will; the download and its verification stay real."""
-    return scores_from_tags(version.tags)
+    return Scores.from_tags(version.tags)
 
 
-def promote(*args, **kwargs):  # noqa: ANN002, ANN003, ANN201
-    return gate.promote(*args, scorer=as_registered, **kwargs)
+def promote(name: str, version: str | None = None, actor: str | None = None, force: bool = False) -> dict:
+    """The gate on the checkout's params, scored as registered (``as_registered``)."""
+    return gate.promote(read_params(), name, version, Evidence(scorer=as_registered), Override(actor, force))
+
+
+def rollback(name: str, actor: str, reason: str) -> dict:
+    return gate.rollback(read_params(), name, actor=actor, reason=reason)
+
+
+def register(fixture_source: str, stsb_dev: float, table: dict[str, float], **fields) -> str:  # noqa: ANN003
+    """``gate.register_candidate`` of a ``Registration`` of ``FAST``, on the checkout's params."""
+    return register_candidate(
+        Registration(fixture_source, stsb_dev, table, name=FAST, **fields), read_params()
+    )
 
 
 def free_port() -> int:
@@ -186,9 +201,7 @@ def fast_registry(mlflow_server, tmp_path_factory):
     mlc.set_terminated(run_id)
     source = f"{mlc.get_run(run_id).info.artifact_uri}/model"
     started = time.monotonic()
-    version = register_candidate(
-        source, 62.0, PLUS1, name=FAST, run_id=run_id, tags={"dev_scores": json.dumps(SICK_DEV)}
-    )
+    version = register(source, 62.0, PLUS1, run_id=run_id, tags={"dev_scores": json.dumps(SICK_DEV)})
     result = promote(FAST, version=version)
     assert result["promoted"] and "first model" in result["reasons"][0]
     return {"source": source, "run_id": run_id, "seconds": time.monotonic() - started}
@@ -205,11 +218,10 @@ def add_version(
     weights: str | None = None,
     dev: dict[str, float] = SICK_DEV,
 ) -> str:
-    return register_candidate(
+    return register(
         fixture["source"],
         stsb_dev,
         table,
-        name=FAST,
         tags={"checkpoint": "test", "dev_scores": json.dumps(dev)},
         run_id=fixture["run_id"],
         weights_sha256=weights,
@@ -501,12 +513,13 @@ KILLED_REGISTRATION = """
 import sys, time
 from sentcl_mlflow import store
 from sentcl_mlflow.registry.lease import promotion_lock
+from sentcl.registry.rules import LeaseTimes, Registration
 from sentcl_mlflow.registry.versions import register_locked
 name, source, run_id = sys.argv[1:4]
 mlc = store.client()
-with promotion_lock(name, mlc=mlc, lease_s=3):
-    version, _ = register_locked(
-        mlc, name, source, 500.0, {"STS12": 99.0}, "e" * 64, None, run_id)
+with promotion_lock(name, LeaseTimes(lease_s=3, wait_s=600), mlc):
+    registration = Registration(source, 500.0, {"STS12": 99.0}, run_id=run_id, weights_sha256="e" * 64)
+    version, _ = register_locked(mlc, name, registration)
     print("registered", version, flush=True)
     time.sleep(600)  # killed here: after the version exists, before the gate and the `ready` mark
 """
@@ -538,12 +551,14 @@ def test_a_kill_between_registration_and_gate_leaves_no_promotable_orphan(fast_r
 
 TWO_CHECKOUT_GATE = """
 import sys, time
-from sentcl.registry.rules import scores_from_tags
+from sentcl.params import read_params
+from sentcl.registry.rules import Scores
 from sentcl_mlflow.registry.gate import promote
+from sentcl_mlflow.registry.measure import Evidence
 name, version, start = sys.argv[1], sys.argv[2], float(sys.argv[3])
 time.sleep(max(0.0, start - time.time()))
-scorer = lambda v, root: scores_from_tags(v.tags)  # as_registered
-print(promote(name, version=version, scorer=scorer)["decision"], flush=True)
+scorer = lambda v, root: Scores.from_tags(v.tags)  # as_registered
+print(promote(read_params(), name, version, Evidence(scorer=scorer))["decision"], flush=True)
 """
 
 

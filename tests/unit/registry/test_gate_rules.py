@@ -16,11 +16,10 @@ from sentcl.registry.rules import (
     TAG_STSB_DEV,
     TAG_WEIGHTS,
     GateConfig,
-    choose_checkpoint,
+    Scores,
     dev_scores,
     gate_decision,
     promotion_blocked,
-    scores_from_tags,
     sts_row_from_tags,
     version_weights,
     weights_fingerprint,
@@ -41,22 +40,24 @@ CONFIG = GateConfig.from_params({"registry": SECTION})
 
 
 def test_first_model_becomes_champion():
-    promoted, reasons = gate_decision((80.0, TABLE, None), None, CONFIG)
+    promoted, reasons = gate_decision(Scores(80.0, TABLE, None), None, CONFIG)
     assert promoted and "first model" in reasons[0]
 
 
 @pytest.mark.parametrize("delta", [-3.0, 0.0, 0.49])
 def test_worse_or_equal_or_within_noise_is_never_promoted(delta):
-    promoted, reasons = gate_decision((80.0 + delta, TABLE, None), (80.0, TABLE, None), CONFIG)
+    promoted, reasons = gate_decision(Scores(80.0 + delta, TABLE, None), Scores(80.0, TABLE, None), CONFIG)
     assert not promoted
     assert "min_delta 0.50" in reasons[0]
 
 
 def test_better_dev_promotes_unless_sick_trial_drops_too_much():
-    assert gate_decision((81.0, TABLE, None), (80.0, TABLE, None), CONFIG)[0]
+    assert gate_decision(Scores(81.0, TABLE, None), Scores(80.0, TABLE, None), CONFIG)[0]
     # Exactly max_dev_drop is allowed; more is not.
-    assert gate_decision((81.0, {"sick_dev": 71.0}, None), (80.0, TABLE, None), CONFIG)[0]
-    promoted, reasons = gate_decision((81.0, {"sick_dev": 70.5}, None), (80.0, TABLE, None), CONFIG)
+    assert gate_decision(Scores(81.0, {"sick_dev": 71.0}, None), Scores(80.0, TABLE, None), CONFIG)[0]
+    promoted, reasons = gate_decision(
+        Scores(81.0, {"sick_dev": 70.5}, None), Scores(80.0, TABLE, None), CONFIG
+    )
     assert not promoted
     assert any("sick_dev drops 1.50 > max_dev_drop 1.00" in r for r in reasons)
 
@@ -73,20 +74,20 @@ def test_the_gate_never_reads_a_test_score():
     """A challenger that loses 10 points on every test task but holds its dev scores is promoted; one that keeps
     every test score but loses SICK-R trial is not. The seven test scores are on the version, for the record."""
     collapsed = {task: score - 10 for task, score in TESTS.items()}
-    champion = scores_from_tags(tags(80.0, 72.0, TESTS))
-    assert gate_decision(scores_from_tags(tags(81.0, 72.0, collapsed)), champion, CONFIG)[0]
-    promoted, reasons = gate_decision(scores_from_tags(tags(81.0, 70.0, TESTS)), champion, CONFIG)
+    champion = Scores.from_tags(tags(80.0, 72.0, TESTS))
+    assert gate_decision(Scores.from_tags(tags(81.0, 72.0, collapsed)), champion, CONFIG)[0]
+    promoted, reasons = gate_decision(Scores.from_tags(tags(81.0, 70.0, TESTS)), champion, CONFIG)
     assert not promoted and any("sick_dev drops 2.00" in r for r in reasons)
     assert not any(task in " ".join(reasons) for task in ("STS12", "STS13", "SICK-R"))
 
 
 def test_a_champion_registered_without_sick_trial_is_compared_on_sts_b_dev_only():
-    old_champion = scores_from_tags(tags(80.0, None, TESTS))
-    promoted, reasons = gate_decision(scores_from_tags(tags(81.0, 60.0, TESTS)), old_champion, CONFIG)
+    old_champion = Scores.from_tags(tags(80.0, None, TESTS))
+    promoted, reasons = gate_decision(Scores.from_tags(tags(81.0, 60.0, TESTS)), old_champion, CONFIG)
     assert promoted and any("champion has no sick_dev score recorded" in r for r in reasons)
     # A challenger without it is rejected while the champion has one: the guard cannot be checked.
     promoted, reasons = gate_decision(
-        scores_from_tags(tags(85.0, None, TESTS)), scores_from_tags(tags(80.0, 72.0, TESTS)), CONFIG
+        Scores.from_tags(tags(85.0, None, TESTS)), Scores.from_tags(tags(80.0, 72.0, TESTS)), CONFIG
     )
     assert not promoted and any("challenger has no sick_dev score" in r for r in reasons)
 
@@ -102,14 +103,16 @@ def test_dev_scores_and_the_registered_row():
 
 def test_domain_gain_is_weighed_against_general_sts():
     # STS-B dev dips 0.5 (within max_dev_drop) but the domain gains 5: promoted.
-    promoted, reasons = gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)
+    promoted, reasons = gate_decision(Scores(79.5, TABLE, 65.0), Scores(80.0, TABLE, 60.0), CONFIG)
     assert promoted, reasons
     # STS-B dev dips 2 (beyond max_dev_drop): the domain gain does not buy that.
-    assert not gate_decision((78.0, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG)[0]
+    assert not gate_decision(Scores(78.0, TABLE, 65.0), Scores(80.0, TABLE, 60.0), CONFIG)[0]
     # STS-B dev gains, but the domain collapses: rejected.
-    assert not gate_decision((82.0, TABLE, 50.0), (80.0, TABLE, 60.0), CONFIG)[0]
+    assert not gate_decision(Scores(82.0, TABLE, 50.0), Scores(80.0, TABLE, 60.0), CONFIG)[0]
     # Domain scores from different dev sets are ignored when asked.
-    assert not gate_decision((79.5, TABLE, 65.0), (80.0, TABLE, 60.0), CONFIG, use_domain=False)[0]
+    assert not gate_decision(Scores(79.5, TABLE, 65.0), Scores(80.0, TABLE, 60.0), CONFIG, use_domain=False)[
+        0
+    ]
 
 
 def test_gate_config_comes_from_params_yaml_only():
@@ -156,42 +159,6 @@ def test_gate_config_missing_key_or_section():
         GateConfig.from_params({})
 
 
-def test_checkpoint_choice_prefers_dev_then_file_order_and_skips_missing_folders():
-    sts = {
-        "base": {"stsb_dev": 80.0},
-        "a": {"stsb_dev": 81.0},
-        "b": {"stsb_dev": 81.0},
-        "c": {"stsb_dev": 90.0},
-    }
-    assert choose_checkpoint(sts, {"base", "a", "b"}, 1.0) == "a"
-    with_domain = {
-        "base": {"stsb_dev": 80.0, "domain_spearman": 70.0},
-        "a": {"stsb_dev": 81.0, "domain_spearman": 60.0},
-    }
-    assert choose_checkpoint(with_domain, {"base", "a"}, 1.0) == "base"  # (80+70)/2 > (81+60)/2
-    with pytest.raises(LookupError):
-        choose_checkpoint(sts, set(), 1.0)
-
-
-def test_checkpoint_choice_skips_a_checkpoint_whose_sick_trial_falls_past_the_gates_guard():
-    # the make run's case: the best STS-B dev lost 1.76 on SICK-R trial against the model it started from
-    sts = {
-        "base": {"stsb_dev": 86.72, "sick_dev": 79.80},
-        "distilled": {"stsb_dev": 87.09, "sick_dev": 80.38},
-        "contrastive": {"stsb_dev": 87.31, "sick_dev": 78.04},
-        "no_sick": {"stsb_dev": 99.0},
-    }
-    every = set(sts)
-    assert choose_checkpoint(sts, every, 1.0) == "distilled"
-    assert choose_checkpoint(sts, every, 2.0) == "contrastive"  # 78.04 >= 79.80 - 2.0
-    sts["contrastive"]["sick_dev"] = 78.80  # exactly max_dev_drop below: allowed, as in the gate
-    assert choose_checkpoint(sts, every, 1.0) == "contrastive"
-    del sts["base"]["sick_dev"]  # no reference score: nothing to guard
-    assert choose_checkpoint(sts, every, 1.0) == "no_sick"
-    sts["base"]["sick_dev"] = 99.0  # every trained checkpoint past the guard: the base itself ships
-    assert choose_checkpoint(sts, every - {"no_sick"}, 1.0) == "base"
-
-
 def test_rolled_back_versions_and_their_weights_are_blocked_unless_forced_by_someone():
     digest = weights_fingerprint({"model.safetensors": "ab" * 32})
     demoted = {TAG_ROLLED_BACK: "true", "rolled_back_reason": "bad", TAG_WEIGHTS: digest}
@@ -216,13 +183,11 @@ def test_a_refused_version_is_blocked_even_when_forced():
 
 
 def test_the_gates_own_scores_become_gate_tags_and_one_log_text():
-    from sentcl.registry.rules import gate_score_tags, scores_text
-
-    scores = (81.234567, {"sick_dev": 75.1}, 60.0)
-    assert gate_score_tags(scores) == {
+    scores = Scores(81.234567, {"sick_dev": 75.1}, 60.0)
+    assert scores.tags() == {
         "gate.stsb_dev": "81.2346",
         "gate.sick_dev": "75.1000",
         "gate.domain_dev": "60.0000",
     }
-    assert set(gate_score_tags((80.0, {}, None), "gate.champion_")) == {"gate.champion_stsb_dev"}
-    assert scores_text(scores) == "stsb_dev 81.23, sick_dev 75.10, domain_dev 60.00"
+    assert set(Scores(80.0).tags("gate.champion_")) == {"gate.champion_stsb_dev"}
+    assert scores.text() == "stsb_dev 81.23, sick_dev 75.10, domain_dev 60.00"
