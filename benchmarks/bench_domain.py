@@ -287,6 +287,10 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
     params = load_params(args.params, args.overrides)
     gate = GateConfig.from_params(params)
+    if args.init == "champion":
+        from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+        bound_requests(TrackingConfig.from_params(params))  # the champion's download (params tracking:)
     if args.init not in ("base", "champion") and not Path(args.init).is_dir():
         fail(f"--from {args.init}: neither base, champion nor a model folder")
     try:  # each method's retrain, as the flow reads it (a distill method needs teacher.model)

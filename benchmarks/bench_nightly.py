@@ -169,6 +169,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--collect-only needs --work")
     offline_hub()
     params = load_params(args.params, args.overrides)
+    from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+    bound_requests(TrackingConfig.from_params(params))  # the champion's download (params tracking:)
     if not (PROCESSED / "pairs.parquet").is_file():
         raise SystemExit(f"bench-nightly: {PROCESSED}/pairs.parquet: missing; run `dvc repro validate` first")
     pairs = load_pairs(PROCESSED)

@@ -47,6 +47,7 @@ from sentcl_mlflow.pyfunc_checks import WeightsMismatchError
 from sentcl_mlflow.registry.gate import promote, rollback
 from sentcl_mlflow.registry.lease import PromotionLeaseDenied, PromotionLeaseLost
 from sentcl_mlflow.registry.measure import Evidence
+from sentcl_mlflow.store import TrackingConfig, bound_requests
 from stages.common import PROCESSED, argument_parser, fail, load_params, params_arguments
 
 # The error an in-process flow run of main() ended on. Prefect logs a flow's exception with its traceback
@@ -95,6 +96,7 @@ def promote_flow(
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     params = load_params(params_file, overrides or [])  # a deployment's run: this process's one read
+    bound_requests(TrackingConfig.from_params(params))
     with promotion_slot(LeaseTimes.from_params(params).wait_s):
         return promote(params, model, version, _evidence(processed, domain_dev), Override(actor, force))
 
@@ -123,6 +125,7 @@ def rollback_flow(
     overrides: list[str] | None = None,
 ) -> dict[str, Any]:
     params = load_params(params_file, overrides or [])  # a deployment's run: this process's one read
+    bound_requests(TrackingConfig.from_params(params))
     with promotion_slot(LeaseTimes.from_params(params).wait_s):
         return rollback(params, model, actor=actor, reason=reason)
 
@@ -210,6 +213,7 @@ def _execute(args: argparse.Namespace) -> int:
     settings = load_params(args.params, args.overrides)  # the process's params: the gate reads them too
     try:
         config = FlowConfig.from_params(settings)
+        bound_requests(TrackingConfig.from_params(settings))  # this process's MLflow requests
     except ParamsError as e:
         fail(settings.relabel(str(e)))
     promote_run, rollback_run = configured(config, rollback=False), configured(config, rollback=True)

@@ -28,6 +28,7 @@ from sentcl.retrain.config import RetrainConfig
 from sentcl.retrain.plan import Plan, plan
 from sentcl.retrain.run import Outcome, Runner, describe_gate, run, score_candidates
 from sentcl.retrain.text import prepare_text
+from sentcl_mlflow.store import TrackingConfig, bound_requests
 from stages.common import RAW, ROOT, argument_parser, load_params, params_arguments
 
 RUNS = ROOT / "runs" / "retrain"
@@ -109,6 +110,7 @@ def run_retrain(
         return {"status": "nothing new", "registered_version": None, "archived": []}
     settings = load_params(params, overrides or ())
     flows = FlowConfig.from_params(settings)
+    bound_requests(TrackingConfig.from_params(settings))  # the champion's download (params tracking:)
     config = RetrainConfig.from_params(settings, method)  # teacher.model none with a distill method: refused
     checked = check_text(domain_text, files)
     if dev:

@@ -3,7 +3,8 @@
 :func:`read_params` is the one reader: the file (``ROOT/params.yaml`` or ``--params``) with a command line's
 ``--set key=value`` overrides applied, into a read-only :class:`Params` that remembers both, so that a stage the
 process starts gets the same file and the same overrides (:meth:`Params.command`, the one builder of those
-command lines). Code handed no config reads the process's (:func:`process_params`). :func:`merge` is the one
+command lines). Every entry point reads them once and passes them down: no code falls back on a process-wide
+copy. :func:`merge` is the one
 merge of settings (sections over sections, overrides over values).
 
 PyYAML follows YAML 1.1, where a float needs a dot: ``1e-05`` is the *string* "1e-05". DVC (ruamel, YAML 1.2)
@@ -115,9 +116,8 @@ yaml.SafeDumper.add_representer(Params, lambda dumper, params: dumper.represent_
 def read_params(path: Path | str | None = None, overrides: Sequence[str] = ()) -> Params:
     """The one reader of params.yaml (or ``path``), with ``overrides`` (``key=value``, DVC's ``-S`` syntax; a key
     params.yaml lacks needs ``+key=value``) applied. A missing, unreadable or malformed file, or an override that
-    names no key, is a :class:`ParamsError`: one line naming the file (and line), for exit code 2. The process's
-    params from then on (:func:`process_params`); asked again for the same file, unchanged since, and the same
-    overrides (a flow's command line checks them, then its flow runs in the same process), they are not read again."""
+    names no key, is a :class:`ParamsError`: one line naming the file (and line), for exit code 2. Asked again
+    for the same file, unchanged since, and the same overrides (a flow's command line checks them, then its flow runs in the same process), they are not read again."""
     global _process
     file = Path(path) if path else ROOT / FILE
     label = str(path) if path else FILE
@@ -164,14 +164,8 @@ def write_params(values: Mapping[str, Any], path: Path) -> Params:
 _process: Params | None = None
 
 
-def process_params() -> Params:
-    """The params this process's entry point read (:func:`read_params`), else params.yaml, read once: what code
-    that is given no config (a registry helper, the tracking client's timeouts) reads."""
-    return _process if _process is not None else read_params()
-
-
 def forget_process_params() -> None:
-    """Tests only: the next :func:`process_params` reads again."""
+    """Tests only: the next :func:`read_params` reads the file again, whatever it read before."""
     global _process
     _process = None
 

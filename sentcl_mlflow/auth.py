@@ -32,7 +32,6 @@ from __future__ import annotations
 import os
 import sys
 
-from sentcl.params import process_params
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.store import EXPERIMENT, client, tracking_uri
 
@@ -120,11 +119,11 @@ def bootstrap() -> None:
     print(f"auth: created the admin account {username!r}")
 
 
-def setup(config: GateConfig | None = None) -> dict[str, str]:
-    """Create the gate's (and optionally a teammate's) account and their permissions. Run as the admin."""
+def setup(config: GateConfig) -> dict[str, str]:
+    """Create the gate's (and optionally a teammate's) account and their permissions on the models ``config``
+    names. Run as the admin, with requests bounded by the entry point (``store.bound_requests``)."""
     from mlflow.exceptions import MlflowException
 
-    config = config or GateConfig.from_params(process_params())
     gate_user, gate_password = _required("SENTCL_GATE_USER"), _required("SENTCL_GATE_PASSWORD")
     check_secret("SENTCL_GATE_PASSWORD", gate_password)  # every account's password, before anything is made
     for key in ("SENTCL_REGISTRAR_PASSWORD", "SENTCL_TEAM_PASSWORD"):
@@ -248,10 +247,23 @@ def main(argv: list[str] | None = None) -> int:
                 os.environ[key] = value
     from mlflow.exceptions import MlflowException
 
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+    from sentcl.params import ParamsError, read_params
+    from sentcl_mlflow.store import (
+        TrackingAuthError,
+        TrackingConfig,
+        TrackingUnavailableError,
+        bound_requests,
+    )
 
     try:
-        setup()
+        params = read_params()  # this process's one read: the checkout's params.yaml
+        config = GateConfig.from_params(params)
+        bound_requests(TrackingConfig.from_params(params))
+    except ParamsError as e:
+        print(f"auth: {e}", file=sys.stderr)
+        return 2
+    try:
+        setup(config)
     except WeakSecretError as e:
         print(f"auth: {e}", file=sys.stderr)
         return 2

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,26 +17,37 @@ PYFUNC_MODEL = Path(__file__).with_name("pyfunc_encoder.py")
 INPUT_EXAMPLE = ["a sentence", "another one"]
 
 
+@dataclass(frozen=True)
+class Release:
+    """A release folder (``sentcl.registry.release``) as the registry gets it: ``folder``, its ``info``
+    (export.json), the STS row of its checkpoint (``sts_row``: metrics/sts.json), the data ``inputs`` its run
+    records the DVC hashes of, the ``tags`` of its run and version, and the code MLflow serves it with
+    (``model_file``)."""
+
+    folder: Path
+    info: Mapping[str, Any]
+    sts_row: Mapping[str, Any]
+    model_file: Path
+    inputs: Sequence[Path] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
 def log_and_register(
-    output: Path,
-    info: dict[str, Any],
-    params: dict[str, Any],
-    sts_row: dict[str, Any],
-    inputs: list[Path],
-    tags: dict[str, str],
+    release: Release,
+    params: Mapping[str, Any],
     gate: bool,
-    domain_dev: Path | None = None,
     actor: str | None = None,
     *,
-    model_file: Path,
     dev_pairs: Path | None = None,
+    domain_dev: Path | None = None,
 ) -> dict[str, Any]:
-    """Register the folder as ``challenger`` and run the gate, as one unit under the promotion lease.
+    """Register ``release`` as ``challenger`` and run the gate, as one unit under the promotion lease.
 
-    The MLflow run `export` (the folder as a pyfunc model served by ``model_file``) is logged only when no
-    version of the model holds these weights yet (same sha256): the same weights are never registered twice,
-    whoever retries. The gate scores the candidate and the champion itself on ``dev_pairs`` (the validate
-    stage's pairs.parquet) and ``domain_dev`` (the domain's scored pairs, when given).
+    The MLflow run `export` (the folder as a pyfunc model served by ``release.model_file``) is logged only when
+    no version of the model holds these weights yet (same sha256): the same weights are never registered twice,
+    whoever retries. ``params``: the process's, as its entry point read them (its requests are bounded by then,
+    ``store.bound_requests``). The gate scores the candidate and the champion itself on ``dev_pairs`` (the
+    validate stage's pairs.parquet) and ``domain_dev`` (the domain's scored pairs, when given).
     """
     from sentcl.model.encoder import load_folder_encoder
     from sentcl.registry.rules import Registration
@@ -44,6 +57,7 @@ def log_and_register(
     from sentcl_mlflow.registry.measure import Evidence
     from sentcl_mlflow.registry.names import run_experiment
 
+    output, info, sts_row, tags = release.folder, release.info, release.sts_row, release.tags
     timings: dict[str, float] = {}
     # The registrar (make serve's flows) registers a candidate and asks the gate process: no gate here. The
     # domain (or teacher-agreement) pairs go with the candidate's run, their digest on the version.
@@ -55,20 +69,17 @@ def log_and_register(
         example_vectors = load_folder_encoder(output, device="cpu").encode(INPUT_EXAMPLE)  # its own pooling
         metrics = runs.sts_metrics(sts_row)
         metrics["onnx_max_abs_diff"] = info["onnx"]["max_abs_diff_vs_pytorch"]
-        run_id, model_uri = runs.log_pyfunc_run(
-            "export",
-            params,
-            metrics,
-            model_file=model_file,
-            artifacts={"encoder": output},
-            input_example=INPUT_EXAMPLE,
-            example_output=example_vectors,
-            pip_requirements=pip_requirements(),
-            inputs=inputs,
-            tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
-            # production runs go to the gate-only experiment (names.run_experiment)
-            experiment=run_experiment(info["model_name"], GateConfig.from_params(params)),
+        model = runs.PyfuncModel(
+            release.model_file, {"encoder": output}, INPUT_EXAMPLE, example_vectors, pip_requirements()
         )
+        record = runs.StageRecord(
+            metrics,
+            inputs=release.inputs,
+            tags={**tags, "checkpoint": info["checkpoint"], "beat_init": str(info["beat_init"]).lower()},
+        )
+        # production runs go to the gate-only experiment (names.run_experiment)
+        experiment = run_experiment(info["model_name"], GateConfig.from_params(params))
+        run_id, model_uri = runs.log_pyfunc_run("export", params, model, record, experiment)
         if gate_inputs:
             log_gate_inputs(run_id, Path(domain_dev))
         timings["seconds_log_model"] = round(time.time() - started, 2)
@@ -126,7 +137,7 @@ def log_gate_inputs(run_id: str, domain_dev: Path) -> None:
         client().log_artifact(run_id, str(Path(tmp) / file_name), folder)
 
 
-def _await_gate(name: str, version: str, params: dict[str, Any]) -> dict[str, Any]:
+def _await_gate(name: str, version: str, params: Mapping[str, Any]) -> dict[str, Any]:
     """The gate process's verdict on the candidate (bounded by params flows.gate_wait_s): printed, and returned
     as the ``gate`` of the result; no verdict in time is one line, not a failure."""
     from sentcl.params import FlowConfig

@@ -1,6 +1,9 @@
 """What a stage run records in MLflow: params, metrics, curves, DVC hashes, tags; the pyfunc model run.
 
-from sentcl_mlflow.runs import log_stage, preflight
+from sentcl_mlflow.runs import PyfuncModel, StageRecord, log_pyfunc_run, log_stage, preflight
+
+A run's params come from its caller: the stage's ``params`` (the one ``Params`` its entry point read), never
+read here. What a run records besides them is one :class:`StageRecord`; a pyfunc model, one :class:`PyfuncModel`.
 """
 
 from __future__ import annotations
@@ -11,15 +14,15 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from sentcl.digest import update_from_file
-from sentcl.params import process_params
 from sentcl_mlflow.store import (
     EXPERIMENT,
     client,
@@ -35,7 +38,43 @@ from sentcl_mlflow.store import (
 if TYPE_CHECKING:
     from mlflow import MlflowClient
 
-__all__ = ["log_stage", "preflight", "log_pyfunc_run", "stage_run", "flatten", "sts_metrics", "dvc_hashes"]
+__all__ = [
+    "StageRecord",
+    "PyfuncModel",
+    "log_stage",
+    "preflight",
+    "log_pyfunc_run",
+    "stage_run",
+    "flatten",
+    "sts_metrics",
+    "dvc_hashes",
+]
+
+
+@dataclass(frozen=True)
+class StageRecord:
+    """What one run records besides its params: ``metrics`` (logged at step 0), ``curves_csv`` (columns step,
+    loss, lr, stsb_dev, ...: metrics by step named ``train/<column>``), ``inputs`` (data paths whose DVC hashes
+    become ``dvc.<path>`` tags), ``artifacts`` (files or folders uploaded) and ``tags``."""
+
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    curves_csv: Path | None = None
+    inputs: Sequence[Path] = ()
+    artifacts: Sequence[Path] = ()
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PyfuncModel:
+    """A "models from code" pyfunc: the code MLflow serves it with (``model_file``), the files it loads
+    (``artifacts``, name -> path), an input and the output it gives (the signature is inferred from both) and
+    the pinned requirements of its environment."""
+
+    model_file: Path
+    artifacts: Mapping[str, Path]
+    input_example: list[str]
+    example_output: Any
+    pip_requirements: Sequence[str]
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -174,61 +213,66 @@ def _chunks(items: list, size: int) -> Iterator[list]:
 
 def log_stage(
     stage: str,
-    params: dict[str, Any],
-    metrics: dict[str, float] | None = None,
-    curves_csv: Path | None = None,
-    inputs: list[Path] | None = None,
-    artifacts: list[Path] | None = None,
-    tags: dict[str, str] | None = None,
+    resolved: Mapping[str, Any],
+    record: StageRecord | None = None,
+    *,
+    params: Mapping[str, Any],
 ) -> str | None:
     """Log one finished stage as one MLflow run and return its run id.
 
-    ``params`` is flattened; ``curves_csv`` (columns step, loss, lr, stsb_dev, ...) becomes metrics by step
-    named ``train/<column>``;
-    ``inputs`` are data paths whose DVC hashes are recorded; ``artifacts`` are uploaded files or folders.
+    Every run carries the whole of ``params`` (the process's params.yaml, as its entry point read it), so runs
+    of different stages compare on the same keys; ``resolved``, the stage's own (resolved) values, win where
+    they overlap. Both are flattened. ``record``: its metrics, curves, inputs, artifacts and tags.
     Returns None when tracking is switched off (``SENTCL_MLFLOW=0``). Raises :class:`TrackingUnavailableError`
     after bounded retries when a tracking server does not answer.
     """
     if not tracking_enabled():
         return None
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
 
+    record = record or StageRecord()
     mlc = client()
-    # Every run carries the whole params.yaml, so runs of different stages compare on the same keys; the
-    # stage's own (resolved) values win where they overlap.
-    try:
-        flat_params = flatten(process_params())
-    except (OSError, ValueError):
-        flat_params = {}
-    flat_params.update(flatten(params))
-    all_tags = run_tags(stage)
-    for path, digest in dvc_hashes(list(inputs or [])).items():
-        all_tags[f"dvc.{path}"] = digest
-    all_tags.update({k: str(v) for k, v in (tags or {}).items()})
-
-    now = int(time.time() * 1000)
-    series = [Metric(metric_key(k), float(v), now, 0) for k, v in (metrics or {}).items() if _finite(v)]
-    if curves_csv and Path(curves_csv).exists():
-        series += [Metric(k, v, now, step) for k, v, step in _read_curves(Path(curves_csv))]
-
+    flat_params = flatten(params)
+    flat_params.update(flatten(resolved))
+    all_tags = _record_tags(stage, record)
     run = mlc.create_run(experiment_id(mlc), run_name=all_tags["mlflow.runName"], tags=all_tags)
     run_id = run.info.run_id
     try:
         for chunk in _chunks([Param(k, v) for k, v in flat_params.items()], 100):
             mlc.log_batch(run_id, params=chunk)
-        for chunk in _chunks(series, 1000):
-            mlc.log_batch(run_id, metrics=chunk)
-        for path in artifacts or []:
-            path = Path(path)
-            if path.is_dir():
-                mlc.log_artifacts(run_id, str(path), artifact_path=path.name)
-            elif path.exists():
-                mlc.log_artifact(run_id, str(path))
+        _log_record(mlc, run_id, record)
     except Exception as error:
         _terminate(mlc, run_id, "FAILED", error)
         raise
     mlc.set_terminated(run_id, "FINISHED")
     return run_id
+
+
+def _record_tags(stage: str, record: StageRecord) -> dict[str, str]:
+    """The run's tags (``run_tags``), the DVC hash of each input, then the record's own tags."""
+    all_tags = run_tags(stage)
+    for path, digest in dvc_hashes(list(record.inputs)).items():
+        all_tags[f"dvc.{path}"] = digest
+    all_tags.update({k: str(v) for k, v in record.tags.items()})
+    return all_tags
+
+
+def _log_record(mlc: MlflowClient, run_id: str, record: StageRecord) -> None:
+    """The record's metrics and curves, then its artifacts, into the open run ``run_id``."""
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    series = [Metric(metric_key(k), float(v), now, 0) for k, v in record.metrics.items() if _finite(v)]
+    if record.curves_csv and Path(record.curves_csv).exists():
+        series += [Metric(k, v, now, step) for k, v, step in _read_curves(Path(record.curves_csv))]
+    for chunk in _chunks(series, 1000):
+        mlc.log_batch(run_id, metrics=chunk)
+    for path in record.artifacts:
+        path = Path(path)
+        if path.is_dir():
+            mlc.log_artifacts(run_id, str(path), artifact_path=path.name)
+        elif path.exists():
+            mlc.log_artifact(run_id, str(path))
 
 
 def _finite(value: Any) -> bool:
@@ -296,34 +340,27 @@ def stage_run(stage: str, params: dict[str, Any], tags: dict[str, str] | None = 
 
 def log_pyfunc_run(
     stage: str,
-    params: dict[str, Any],
-    metrics: dict[str, float],
-    model_file: Path,
-    artifacts: dict[str, Path],
-    input_example: list[str],
-    example_output: Any,
-    pip_requirements: list[str],
-    inputs: list[Path] | None = None,
-    tags: dict[str, str] | None = None,
+    params: Mapping[str, Any],
+    model: PyfuncModel,
+    record: StageRecord | None = None,
     experiment: str | None = None,
 ) -> tuple[str, str]:
-    """One run that logs a "models from code" pyfunc (``model_file``) with a signature inferred from the input
-    example and its output; returns (run id, model URI). The run is FAILED if logging the model fails.
+    """One run that logs ``model`` with a signature inferred from its input example and its output, with
+    ``params`` (flattened) and ``record``; returns (run id, model URI). The run is FAILED if logging fails.
     The model carries ``pyfunc_checks.py`` in its ``code/``: the checks it runs on itself when it loads.
     ``experiment``: where the run goes (default the shared one; ``registry.names.run_experiment`` names it)."""
     import mlflow
     import numpy as np
-    from mlflow.entities import Metric, Param
+    from mlflow.entities import Param
     from mlflow.models import infer_signature
 
+    record = record or StageRecord()
     mlc = client()
-    all_tags = run_tags(stage)
-    all_tags.update({f"dvc.{k}": v for k, v in dvc_hashes(list(inputs or [])).items()})
-    all_tags.update({k: str(v) for k, v in (tags or {}).items()})
+    all_tags = _record_tags(stage, record)
     # The params a caller may pass to predict: batch size, and torch or the release's int8 graph.
     signature = infer_signature(
-        input_example,
-        np.asarray(example_output, dtype=np.float32),
+        model.input_example,
+        np.asarray(model.example_output, dtype=np.float32),
         params={"batch_size": 64, "backend": "torch"},
     )
     # Not `with mlflow.start_run()`: on an error its exit ends the run with MLflow's full request retries,
@@ -335,21 +372,18 @@ def log_pyfunc_run(
     )
     run_id = run.info.run_id
     try:
-        now = int(time.time() * 1000)
         for chunk in _chunks([Param(k, v) for k, v in flatten(params).items()], 100):
             mlc.log_batch(run_id, params=chunk)
-        series = [Metric(metric_key(k), float(v), now, 0) for k, v in metrics.items() if _finite(v)]
-        for chunk in _chunks(series, 1000):
-            mlc.log_batch(run_id, metrics=chunk)
+        _log_record(mlc, run_id, record)
         with no_bytecode():
             info = mlflow.pyfunc.log_model(
                 name="model",
-                python_model=str(model_file),
+                python_model=str(model.model_file),
                 code_paths=[str(Path(__file__).with_name("pyfunc_checks.py"))],
-                artifacts={k: str(v) for k, v in artifacts.items()},
+                artifacts={k: str(v) for k, v in model.artifacts.items()},
                 signature=signature,
-                input_example=input_example,
-                pip_requirements=pip_requirements,
+                input_example=model.input_example,
+                pip_requirements=list(model.pip_requirements),
             )
     except BaseException as error:
         _end_active_run(error)

@@ -229,18 +229,15 @@ async def _body(request: Any, limit: int) -> bytes:
     return bytes(body)
 
 
-def build_app(model_dir: Path, limits: ServeLimits | None = None):  # noqa: ANN201 (a FastAPI app)
-    """MLflow's scoring app on the model in ``model_dir``, its ``/invocations`` answered here (see the module)."""
+def build_app(model_dir: Path, limits: ServeLimits):  # noqa: ANN201 (a FastAPI app)
+    """MLflow's scoring app on the model in ``model_dir``, its ``/invocations`` answered here (see the module)
+    within ``limits`` (params.yaml ``serve:``, as the entry point read it)."""
     import mlflow
     from fastapi import Request
     from fastapi.responses import JSONResponse
     from mlflow.exceptions import MlflowException
     from mlflow.pyfunc.scoring_server import init
 
-    if limits is None:
-        from sentcl.params import process_params
-
-        limits = ServeLimits.from_params(process_params())
     model = mlflow.pyfunc.load_model(str(model_dir))
     app = init(model)
     encoder = app.state.encoder = Encoder(model)
@@ -289,17 +286,19 @@ def main(argv: list[str] | None = None) -> int:
 
     from sentcl.params import ParamsError, read_params
     from sentcl.registry.rules import GateConfig
+    from sentcl_mlflow.store import TrackingConfig
 
     try:
         params = read_params(args.params)
         limits, production = ServeLimits.from_params(params), GateConfig.from_params(params).model_name
+        tracking = TrackingConfig.from_params(params)
     except ParamsError as e:
         print(f"serve: {e}", file=sys.stderr)
         return 2
 
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # one line on failure, no bars
     from sentcl_mlflow.registry import download as registry
-    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError
+    from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, bound_requests
 
     model = args.model or f"models:/{production}@{registry.CHAMPION}"
     if not model.startswith("models:/"):
@@ -308,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    bound_requests(tracking)
     with tempfile.TemporaryDirectory(prefix="sentcl-serve-") as scratch:
         try:
             root = registry.download_verified(model, Path(scratch))

@@ -23,7 +23,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sentcl.params import ROOT, process_params, read_section, whole_number
+from sentcl.params import ROOT, read_section, whole_number
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -78,9 +78,12 @@ class TrackingConfig:
         return self.request_timeout_s * (self.request_retries + 1) + backoff
 
 
-def bound_requests(config: TrackingConfig | None = None) -> None:
-    """Set MLflow's request timeout and retries from params.yaml, leaving a value the user exported alone."""
-    config = config or TrackingConfig.from_params(process_params())
+def bound_requests(config: TrackingConfig) -> None:
+    """Set MLflow's request timeout and retries from params.yaml ``tracking:``, leaving a value the user exported
+    alone. MLflow's own defaults wait minutes (7 retries, factor 2, 120 s timeout); these keep a dead or hung
+    server from stalling a process, while still riding out a short blip. MLflow reads them from the environment
+    at every request, so a process's entry point calls this once, with the config it parsed from its params,
+    before its first request (``client`` does not read params)."""
     for name, variable in HTTP_ENV.items():
         os.environ.setdefault(variable, str(getattr(config, name)))
 
@@ -217,9 +220,7 @@ def client() -> MlflowClient:
     global _configured
     uri = tracking_uri()
     if _configured != uri:
-        # MLflow's own HTTP retries default to minutes (7 retries, factor 2, 120 s timeout); params.yaml
-        # `tracking:` keeps a dead or hung server from stalling a stage, while still riding out a short blip.
-        bound_requests()
+        # Requests are bounded by the process's entry point (bound_requests), before it asks for a client.
         if uri.startswith(("http://", "https://")):
             _probe_http(uri)
             _check_credentials(uri)

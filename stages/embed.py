@@ -106,9 +106,15 @@ def main(argv: list[str] | None = None) -> int:
             and not Path(resolve_model_path(args.model)).is_dir()
         ):
             raise EmbedInputError(f"{args.model}: no such model folder (or pass a models:/ URI)")
-        registered = (load_params(args.params, args.overrides).get("registry") or {}).get(
-            "model_name", "sentcl-encoder"
-        )
+        params = load_params(args.params, args.overrides)
+        registered = (params.get("registry") or {}).get("model_name", "sentcl-encoder")
+        from sentcl.params import ParamsError
+        from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+        try:
+            bound_requests(TrackingConfig.from_params(params))  # a registered model's download
+        except ParamsError as error:
+            raise EmbedInputError(str(error)) from None
         with tempfile.TemporaryDirectory(prefix="sentcl-embed-") as scratch:
             folder, label = resolve_model(args.model, Path(scratch), registered)
             print(f"embed: model = {label}", flush=True)

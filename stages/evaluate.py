@@ -67,7 +67,11 @@ def run_pipeline(
 ) -> dict[str, Any]:
     """The DVC stage: every checkpoint under models/ -> metrics/sts.json + metrics/sts.md, logged as one run.
     Each checkpoint is scored with its own pooling (``model_pooling``) unless ``pooling`` is given."""
-    from sentcl_mlflow.runs import log_stage, sts_metrics
+    from sentcl_mlflow.runs import StageRecord, log_stage, sts_metrics
+    from sentcl_mlflow.store import TrackingConfig, bound_requests, tracking_enabled
+
+    if tracking_enabled():
+        bound_requests(TrackingConfig.from_params(params))  # the run's MLflow requests (params tracking:)
 
     settings = scoring.stage_settings(params)
     folders = {name: MODELS / name for name in settings["checkpoints"]}
@@ -85,12 +89,11 @@ def run_pipeline(
     )
     artifacts = scoring.write_sts_outputs(results, METRICS, scoring.pooling_description(poolings, pooling))
     metrics = {f"{name}.{k}": v for name, row in results.items() for k, v in sts_metrics(row).items()}
+    record = StageRecord(
+        metrics, inputs=[data, PROCESSED, *seen_files, *folders.values()], artifacts=artifacts
+    )
     log_stage(
-        "evaluate",
-        {"evaluate": settings | {"pooling": pooling, "backend": backend}},
-        metrics,
-        inputs=[data, PROCESSED, *seen_files, *folders.values()],
-        artifacts=artifacts,
+        "evaluate", {"evaluate": settings | {"pooling": pooling, "backend": backend}}, record, params=params
     )
     return results
 

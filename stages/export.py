@@ -108,16 +108,18 @@ def main(argv: list[str] | None = None) -> int:
     from sentcl.data.domain import DomainTextError, read_scored_pairs
     from sentcl_mlflow import store
     from sentcl_mlflow.registry import names as registry
-    from sentcl_mlflow.release import log_and_register, registry_summary
+    from sentcl_mlflow.release import Release, log_and_register, registry_summary
 
     params = load_params(args.params, args.overrides)
     config = GateConfig.from_params(params)  # a wrong registry section stops the stage before any work
+    register = not args.no_register and store.tracking_enabled()
     try:
         quantize_config = QuantizeConfig.from_params(params)
+        tracking = store.TrackingConfig.from_params(params) if register else None
     except ParamsError as e:
         raise BadInput(str(e)) from None
-    register = not args.no_register and store.tracking_enabled()
-    if register:
+    if tracking is not None:
+        store.bound_requests(tracking)  # every MLflow request of this process (params tracking:)
         store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
     sts = json.loads(args.sts.read_text())
     folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
@@ -175,17 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     if register:
         inputs = [args.sts, folders[checkpoint]] + ([args.domain_dev] if args.domain_dev else [])
         result = log_and_register(
-            args.output,
-            info,
+            Release(args.output, info, sts[checkpoint], PYFUNC_MODEL, inputs, tags),
             params,
-            sts[checkpoint],
-            inputs,
-            tags,
             not args.no_gate,
-            args.domain_dev,  # the gate scores the candidate and the champion on it itself
             args.by,
-            model_file=PYFUNC_MODEL,
             dev_pairs=args.processed / "pairs.parquet",
+            domain_dev=args.domain_dev,  # the gate scores the candidate and the champion on it itself
         )
         summary.update(registry_summary(result))
     args.summary.parent.mkdir(parents=True, exist_ok=True)

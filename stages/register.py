@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
     from sentcl_mlflow import store
     from sentcl_mlflow.registry.names import target_model_name
-    from sentcl_mlflow.release import log_and_register, registry_summary
+    from sentcl_mlflow.release import Release, log_and_register, registry_summary
 
     params = load_params(args.params, args.overrides)
     config = GateConfig.from_params(params)
@@ -58,18 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         print("register: tracking is off (SENTCL_MLFLOW=0); nothing registered")
         summary = {"registered_version": None}
     else:
+        store.bound_requests(store.TrackingConfig.from_params(params))  # its MLflow requests (tracking:)
+        release = Release(args.release, info, info["sts_row"], PYFUNC_MODEL, [args.release])
         result = log_and_register(
-            args.release,
-            info,
-            params,
-            info["sts_row"],
-            [args.release],
-            {},
-            not args.no_gate,
-            None,
-            args.by,
-            model_file=PYFUNC_MODEL,
-            dev_pairs=args.processed / "pairs.parquet",
+            release, params, not args.no_gate, args.by, dev_pairs=args.processed / "pairs.parquet"
         )
         summary = {"checkpoint": info["checkpoint"], **registry_summary(result)}
     args.summary.parent.mkdir(parents=True, exist_ok=True)

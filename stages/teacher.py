@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
     params = load_params(args.params, args.overrides)
     try:
+        from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+        bound_requests(TrackingConfig.from_params(params))  # a models:/ teacher's download
         run(
             params,
             args.output,

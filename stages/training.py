@@ -20,7 +20,8 @@ from sentcl.training import recipes
 from sentcl.training import runs as training_runs
 from sentcl.training.config import ConfigError, TrainConfig
 from sentcl.training.runtime import dist_info
-from sentcl_mlflow.runs import log_stage, preflight
+from sentcl_mlflow.runs import StageRecord, log_stage, preflight
+from sentcl_mlflow.store import TrackingConfig, bound_requests, tracking_enabled
 from stages.common import (
     CHECKPOINTS,
     METRICS,
@@ -154,7 +155,8 @@ def run_stage(
         return training_runs.write_untrained(log, stage, init, output, Path(metrics_dir), ROOT)
     training_runs.init_distributed()
     rank, _ = dist_info()
-    if rank == 0:
+    if rank == 0 and tracking_enabled():
+        bound_requests(TrackingConfig.from_params(params))  # its MLflow requests (params tracking:)
         preflight()  # an unreachable tracking server fails the stage now, not after the training
     log.info("%s: %s from %s on %d examples", stage, config.mode, init, len(examples))
     summary = {**(summary or {}), "trained": training_runs.training_facts(config, teacher)}
@@ -173,7 +175,8 @@ def run_stage(
         records = (log, stage, encoder, output, result, metrics, Path(metrics_dir), max_task_drop)
         curves, numeric = training_runs.write_run(*records)
         # The weights stay in DVC's cache; the registry gets the exported model, not every stage's folder.
-        log_stage(stage, training_runs.tracked_params(params, config), numeric, curves, inputs)
+        record = StageRecord(numeric, curves, inputs)
+        log_stage(stage, training_runs.tracked_params(params, config), record, params=params)
         trainer.finish()
     training_runs.leave_distributed()
     return metrics

@@ -23,14 +23,22 @@ def _fresh_process_params():
 @pytest.fixture(scope="session", autouse=True)
 def _scratch_mlflow_store(tmp_path_factory):
     """Stages log to MLflow at their end; in tests that is a scratch sqlite store unless a test points
-    MLFLOW_TRACKING_URI somewhere else (the registry tests start a real server)."""
-    previous = os.environ.get("MLFLOW_TRACKING_URI")
-    if previous is None:
+    MLFLOW_TRACKING_URI somewhere else (the registry tests start a real server). The session is the test
+    process's entry point: its MLflow requests are bounded by the checkout's params.yaml ``tracking:``, as a
+    stage's are by its own (``sentcl_mlflow.store.bound_requests``)."""
+    from sentcl.params import read_params
+    from sentcl_mlflow.store import HTTP_ENV, TrackingConfig, bound_requests
+
+    saved = {name: os.environ.get(name) for name in ("MLFLOW_TRACKING_URI", *HTTP_ENV.values())}
+    if saved["MLFLOW_TRACKING_URI"] is None:
         store = tmp_path_factory.mktemp("mlflow") / "mlflow.db"
         os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{store}"
+    bound_requests(TrackingConfig.from_params(read_params()))
+    forget_process_params()
     yield
-    if previous is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="module")

@@ -36,16 +36,8 @@ def log_tiny_pyfunc(tiny_model: Path, example_output: object) -> tuple[str, str]
     # Python as a user's shell runs it, writing bytecode (PYTHONDONTWRITEBYTECODE, set here, hid a bug).
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(sys, "dont_write_bytecode", False)
-        return runs.log_pyfunc_run(
-            "export",
-            {"model": "tiny"},
-            {"stsb_dev": 1.0},
-            model_file=PYFUNC_MODEL,
-            artifacts={"encoder": tiny_model},
-            input_example=SENTENCES,
-            example_output=example_output,
-            pip_requirements=["mlflow"],
-        )
+        model = runs.PyfuncModel(PYFUNC_MODEL, {"encoder": tiny_model}, SENTENCES, example_output, ["mlflow"])
+        return runs.log_pyfunc_run("export", {"model": "tiny"}, model, runs.StageRecord({"stsb_dev": 1.0}))
 
 
 def register_tiny_pyfunc(tiny_model: Path, name: str) -> tuple[str, object]:

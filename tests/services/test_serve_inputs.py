@@ -111,10 +111,11 @@ def test_mlflow_alone_gets_a_missing_sentence_refused_by_the_model_whatever_the_
 def test_the_checked_server_refuses_csv_and_non_strings_and_serves_sentences(model_dir):
     import numpy as np
 
-    from sentcl_mlflow.serve import build_app
+    from sentcl.params import read_params
+    from sentcl_mlflow.serve import ServeLimits, build_app
 
     folder, expected = model_dir
-    with serving(build_app(folder)) as port:
+    with serving(build_app(folder, ServeLimits.from_params(read_params()))) as port:
         for body in (b'sentence\n""\n123\n', b"sentence\n\na dog\n", b"a dog\na cat\n"):
             for content_type in (CSV, "text/csv; charset=utf-8"):
                 status, answer = post(port, body, content_type)

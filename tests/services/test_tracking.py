@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from sentcl.data.domain import DomainTextError, read_domain_text, read_scored_pairs
+from sentcl.params import read_params
 from sentcl_mlflow import runs, store
 from tests.paths import ROOT
 
@@ -70,13 +71,9 @@ def test_log_stage_records_params_curves_hashes_and_experiment(tmp_path, monkeyp
     curves.write_text("step,loss,lr,stsb_dev\n0,,,70.5\n10,2.5,1e-05,\n20,2.25,2e-05,75.25\n")
     data = tmp_path / "data.txt"
     data.write_text("a sentence\n")
+    record = runs.StageRecord({"stsb_dev": 80.0, "best_step": 20}, curves, inputs=[data], artifacts=[curves])
     run_id = runs.log_stage(
-        "transfer-base",
-        {"transfer": {"lr": 3e-6, "views": ["shuffle"]}},
-        {"stsb_dev": 80.0, "best_step": 20},
-        curves_csv=curves,
-        inputs=[data],
-        artifacts=[curves],
+        "transfer-base", {"transfer": {"lr": 3e-6, "views": ["shuffle"]}}, record, params=read_params()
     )
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == "FINISHED"
@@ -107,7 +104,7 @@ def test_dvc_hashes_come_from_dvc_lock(tmp_path, monkeypatch):
 
 def test_tracking_switch_off(monkeypatch):
     monkeypatch.setenv("SENTCL_MLFLOW", "0")
-    assert runs.log_stage("x", {}) is None
+    assert runs.log_stage("x", {}, params={}) is None
 
 
 def test_unreachable_server_fails_fast_with_a_clear_message(monkeypatch):
@@ -116,7 +113,7 @@ def test_unreachable_server_fails_fast_with_a_clear_message(monkeypatch):
     monkeypatch.setattr(store, "CONNECT_TIMEOUT_S", 1.0)
     started = time.monotonic()
     with pytest.raises(store.TrackingUnavailableError, match="unreachable after 2 attempts"):
-        runs.log_stage("transfer-base", {"a": 1}, {"stsb_dev": 1.0})
+        runs.log_stage("transfer-base", {"a": 1}, runs.StageRecord({"stsb_dev": 1.0}), params={"a": 2})
     assert time.monotonic() - started < 10
 
 
