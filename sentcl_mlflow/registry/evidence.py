@@ -111,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         params = read_params(args.params)
+        from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+        bound_requests(TrackingConfig.from_params(params))
         if args.command == "list":
             table = approved_digests(client(), GateConfig.from_params(params).model_name)
             for digest, record in sorted(table.items()):

@@ -324,6 +324,9 @@ def main(argv: list[str] | None = None) -> int:
     from sentcl_mlflow.store import TrackingAuthError, TrackingUnavailableError, client
 
     params = read_params(args.params)
+    from sentcl_mlflow.store import TrackingConfig, bound_requests
+
+    bound_requests(TrackingConfig.from_params(params))  # this process's one read, before its first request
     source = GateConfig.from_params(params).candidate_model_name
     limits = GateLimits.from_params(params)
     try:

@@ -144,16 +144,8 @@ def _log_pyfunc(folder: Path, model_file: Path) -> str:
 
     example = ["a man is playing a guitar", "a dog is running"]
     expected = SentenceTransformer(str(folder), device="cpu").encode(example)
-    _, uri = runs.log_pyfunc_run(
-        "export",
-        {"model": "tiny"},
-        {"stsb_dev": 1.0},
-        model_file=model_file,
-        artifacts={"encoder": folder},
-        input_example=example,
-        example_output=expected,
-        pip_requirements=["mlflow"],
-    )
+    model = runs.PyfuncModel(model_file, {"encoder": folder}, example, expected, ["mlflow"])
+    _, uri = runs.log_pyfunc_run("export", {"model": "tiny"}, model, runs.StageRecord({"stsb_dev": 1.0}))
     return uri
 
 

@@ -57,7 +57,7 @@ def _setup(monkeypatch) -> dict[str, str]:
         "SENTCL_TEAM_PASSWORD": TEAM[1],
     }.items():
         monkeypatch.setenv(key, value)
-    accounts = auth.setup()
+    accounts = auth.setup(GateConfig.from_params(read_params()))
     auth.ensure_user(auth._auth_client(), *READER)
     return accounts
 

@@ -671,7 +671,7 @@ def test_served_model_answers_400_to_inputs_that_are_not_strings_over_http(tmp_p
     from mlflow.models import infer_signature
     from mlflow.pyfunc.scoring_server import init
 
-    from sentcl_mlflow.serve import build_app
+    from sentcl_mlflow.serve import ServeLimits, build_app
 
     class Lengths(mlflow.pyfunc.PythonModel):
         _skip_type_hint_validation = True  # as sentcl_mlflow/pyfunc_encoder.py
@@ -717,7 +717,7 @@ def test_served_model_answers_400_to_inputs_that_are_not_strings_over_http(tmp_p
         server.should_exit = True
         thread.join(10)
 
-    server, thread, port = serving(build_app(model_dir))
+    server, thread, port = serving(build_app(model_dir, ServeLimits.from_params(read_params())))
     try:
         for body in (
             {"inputs": [123, None]},
