@@ -60,16 +60,18 @@ def register_starting_model(
     params: Params, folder: Path, env: dict[str, str], raw: Path = RAW, processed: Path = PROCESSED
 ) -> dict[str, Any]:
     """Params ``model.name`` registered in the store of ``env`` and made champion, as ``make run`` registers its
-    base model: the evaluate stage scores it (on ``raw``), the export stage registers it and runs the gate (on
-    ``processed``'s dev splits), which promotes the first version of an empty registry. Returns the export
+    base model: the evaluate stage scores it (on ``raw``), export builds its folder, register registers it and runs the gate (on
+    ``processed``'s dev splits), which promotes the first version of an empty registry. Returns the register
     stage's summary (version, the gate's verdict); a starting model not made champion stops here."""
     from sentcl.model.encoder import resolve_model_path
 
     model, out = f"base={resolve_model_path(params['model']['name'])}", folder / "starting-model"
     evaluate = {"--model": model, "--output": out / "sts.json", "--no-progress": True, "--data": raw}
     export = {"--sts": out / "sts.json", "--model": model, "--output": out / "export", "--data": raw}
-    export |= {"--summary": out / "export.json", "--train-metrics": out / "train", "--processed": processed}
-    for stage, flags in (("stages.evaluate", evaluate), ("stages.export", export)):
+    export |= {"--summary": out / "export-summary.json", "--train-metrics": out / "train"}
+    register = {"--release": out / "export", "--summary": out / "export.json", "--processed": processed}
+    steps = (("stages.evaluate", evaluate), ("stages.export", export), ("stages.register", register))
+    for stage, flags in steps:
         if subprocess.run(params.command(stage, flags), cwd=ROOT, env=env).returncode:
             raise SystemExit(
                 f"bench-nightly: registering the starting model: {stage} failed; its log is above"

@@ -180,12 +180,13 @@ def register_and_gate(
     """Evaluate the candidates, export the better and gate it on STS-B dev, SICK-R trial and the gate's domain
     pairs: the domain dev pairs, or without them the held-out gate part's, which selection never read."""
     models = score_candidates(todo, outcome, init, raw, runner)
-    champion = f"champion={init['version']}" if init["version"] else None
-    step = todo.export_step(models, champion, tags, raw, outcome.gate_pairs)
+    export = todo.export_step(models, raw, outcome.gate_pairs)
+    runner(export)
+    register = todo.register_step(tags, outcome.gate_pairs)
     # One gate at a time on this Prefect server; the stage takes the registry's promotion lease inside it.
     with common.promotion_slot(LeaseTimes.from_params(todo.params).wait_s):
-        runner(step)
-    return json.loads(step.record.read_text())
+        runner(register)
+    return json.loads(export.record.read_text()) | json.loads(register.record.read_text())
 
 
 def finish(result: dict[str, Any], files: list[Path] | None, work: Path, keep: bool) -> dict[str, Any]:

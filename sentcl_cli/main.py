@@ -37,7 +37,10 @@ COMMANDS = {
     "evaluate": Command(
         "score model folders on the seven STS tasks (stages.evaluate)", "stages.evaluate:main"
     ),
-    "export": Command("the best checkpoint as a release folder and a challenger", "stages.export:main"),
+    "export": Command("the best checkpoint as a release folder (registers nothing)", "stages.export:main"),
+    "register": Command(
+        "a release folder as a challenger version, then the gate (stages.register)", "stages.register:main"
+    ),
     "retrain": Command("retrain the champion on new domain text; the gate decides", "flows.retrain:main"),
     "promote": Command("gate the challenger (or --version N) against the champion", "flows.promote:main"),
     "rollback": Command("give champion back to the previous champion", "flows.promote:rollback_main"),

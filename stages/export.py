@@ -1,14 +1,15 @@
-"""Stage `export`: the best checkpoint by STS-B dev becomes a release folder, an MLflow model and a challenger.
+"""Stage `export`: the best checkpoint by STS-B dev becomes a release folder; `register` registers it.
 
     python -m stages.export                       # DVC stage: metrics/sts.json + models/<checkpoint>
     python -m stages.export --sts FILE --model NAME=DIR ... --output DIR   # the retrain flow's candidates
 
 The init counts as a candidate (``base``, or the champion's weights in a retrain), so a run whose training
-did not help registers its init again, tagged ``beat_init=false``; only the gate moves ``champion``.
+did not help exports its init again, tagged ``beat_init=false`` when registered; only the gate moves ``champion``.
 
 The release folder (``sentcl.registry.release``) is a sentence-transformers folder plus ``onnx/model.onnx``, checked
 against PyTorch to 1e-4, and a model card (README.md) with data licences, params, the STS table, the weights'
-sha256 and the git commit; ``sentcl_mlflow.release`` registers it.
+sha256 and the git commit. Registering it is the `register` stage's (``stages.register``): DVC may restore
+this stage from its run-cache, and a restored folder must not pretend it was registered.
 
 It also writes ``onnx/model_int8.onnx`` (params.yaml ``export``; ``sentcl.registry.int8``) and scores it on the
 benchmark (``--data``): shipped only when the dev splits stay within ``export.int8_max_dev_drop`` of fp32,
@@ -18,7 +19,6 @@ trained on: ``--calibration-text`` (the retrain flow passes its domain text), el
 
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -28,12 +28,10 @@ from sentcl.model.quantize import QuantizeConfig
 from sentcl.params import ParamsError
 from sentcl.registry import release
 from sentcl.registry.rules import GateConfig
-from sentcl_mlflow.release import PYFUNC_MODEL  # the code MLflow serves the folder with
 from stages.cli import BadInput, run_cli
 from stages.common import (
     METRICS,
     MODELS,
-    PROCESSED,
     RAW,
     argument_parser,
     load_params,
@@ -75,26 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--train-metrics", type=Path, default=METRICS / "train")
     parser.add_argument("--output", type=Path, default=OUTPUT)
     parser.add_argument("--summary", type=Path, default=METRICS / "export.json")
-    parser.add_argument("--tag", action="append", default=[], help="KEY=VALUE on the run and the version")
-    parser.add_argument("--no-register", action="store_true", help="write the folder only")
     parser.add_argument(
-        "--no-gate", action="store_true", help="register the challenger, leave champion alone"
-    )
-    parser.add_argument(
-        "--domain-dev", type=Path, help="scored pairs (s1<TAB>s2<TAB>score) of the new domain"
-    )
-    parser.add_argument(
-        "--champion-candidate",
-        help="NAME=VERSION: this candidate holds the champion's weights (version VERSION); recorded only, "
-        "the gate scores the champion itself",
-    )
-    parser.add_argument(
-        "--processed",
+        "--domain-dev",
         type=Path,
-        default=PROCESSED,
-        help="folder with the validate stage's pairs.parquet: the gate scores both models on its dev splits",
+        help="scored pairs (s1<TAB>s2<TAB>score) of the new domain: each checkpoint's domain Spearman",
     )
-    parser.add_argument("--by", help="who runs the gate (default: $SENTCL_ACTOR or the login name)")
     parser.add_argument("--data", type=Path, default=RAW, help="SentEval folder the int8 graph is scored on")
     parser.add_argument(
         "--calibration-text",
@@ -106,24 +89,17 @@ def main(argv: list[str] | None = None) -> int:
     offline_hub()
 
     from sentcl.data.domain import DomainTextError, read_scored_pairs
-    from sentcl_mlflow import store
+    from sentcl_mlflow import store  # git facts for the model card only: export talks to no server
     from sentcl_mlflow.registry import names as registry
-    from sentcl_mlflow.release import Release, log_and_register, registry_summary
 
     params = load_params(args.params, args.overrides)
     config = GateConfig.from_params(params)  # a wrong registry section stops the stage before any work
-    register = not args.no_register and store.tracking_enabled()
     try:
         quantize_config = QuantizeConfig.from_params(params)
-        tracking = store.TrackingConfig.from_params(params) if register else None
     except ParamsError as e:
         raise BadInput(str(e)) from None
-    if tracking is not None:
-        store.bound_requests(tracking)  # every MLflow request of this process (params tracking:)
-        store.client()  # an unreachable tracking server fails the stage now, not after the ONNX export
     sts = json.loads(args.sts.read_text())
     folders = {name: MODELS / name for name in sts} | _parse_models(args.model)
-    tags = dict(value.partition("=")[::2] for value in args.tag)
     if args.domain_dev:
         try:
             pairs = read_scored_pairs(args.domain_dev)
@@ -134,7 +110,6 @@ def main(argv: list[str] | None = None) -> int:
             if folders.get(name, Path("/-")).exists():
                 row["domain_spearman"] = release.domain_spearman(folders[name], pairs, max_length)
                 print(f"export: {name} domain Spearman {row['domain_spearman']:.2f} on {len(pairs)} pairs")
-        tags["domain_dev_sha256"] = hashlib.sha256(args.domain_dev.read_bytes()).hexdigest()
     try:
         checkpoint = release.best_existing_checkpoint(sts, folders, config.max_dev_drop)
     except LookupError as e:
@@ -174,17 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(f"export: {int8['reason']}")
     summary = release.release_summary(info)
-    if register:
-        inputs = [args.sts, folders[checkpoint]] + ([args.domain_dev] if args.domain_dev else [])
-        result = log_and_register(
-            Release(args.output, info, sts[checkpoint], PYFUNC_MODEL, inputs, tags),
-            params,
-            not args.no_gate,
-            args.by,
-            dev_pairs=args.processed / "pairs.parquet",
-            domain_dev=args.domain_dev,  # the gate scores the candidate and the champion on it itself
-        )
-        summary.update(registry_summary(result))
     args.summary.parent.mkdir(parents=True, exist_ok=True)
     args.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return 0

@@ -3,7 +3,7 @@
 The folder is the checkpoint's files plus ``onnx/model.onnx`` (inputs ``input_ids`` and ``attention_mask``
 from the folder's tokenizer, output ``sentence_embedding``: the pooled vector), checked against PyTorch to
 1e-4, ``README.md`` (the model card, ``templates/model_card.md.j2``) and ``export.json`` (what was exported).
-Registration is MLflow's business: ``sentcl_mlflow.release``.
+Registration is MLflow's business: ``sentcl_mlflow.registration``.
 """
 
 from __future__ import annotations

@@ -122,18 +122,9 @@ class Plan:
         flags |= {"--model": [f"{name}={folder}" for name, folder in models.items()]}
         return Step("evaluate", self.params.command("stages.evaluate", flags), output, output)
 
-    def export_step(
-        self,
-        models: Mapping[str, str],
-        champion: str | None,
-        tags: Mapping[str, str],
-        raw: Path,
-        dev: Path | None,
-    ) -> Step:
-        """The export stage: the better of ``models`` (scored in ``work/candidates.json``) registered, and the gate
-        run on STS-B dev, SICK-R trial and ``dev`` (the gate's domain pairs: the domain dev pairs, or the
-        agreement pairs of the held-out gate part, which selection never read). ``champion``: NAME=VERSION, the
-        candidate that holds the champion's weights. Static int8 calibrates on what the runs trained on."""
+    def export_step(self, models: Mapping[str, str], raw: Path, dev: Path | None) -> Step:
+        """The export stage: the better of ``models`` (scored in ``work/candidates.json``, each also on ``dev``
+        when given) as the release folder ``work/export``; static int8 calibrates on what the runs trained on."""
         output = self.work / "export.json"
         flags = {
             "--sts": self.work / "candidates.json",
@@ -142,14 +133,17 @@ class Plan:
         }
         flags |= {"--model": [f"{name}={folder}" for name, folder in models.items()]}
         flags |= {"--train-metrics": self.work / "metrics" / "train", "--data": raw}
-        flags |= {"--tag": [f"{key}={value}" for key, value in tags.items()]}
-        flags |= {
-            "--calibration-text": self.training_text,
-            "--processed": self.processed,
-            "--domain-dev": dev,
-        }
-        flags |= {"--champion-candidate": champion if dev else None}
+        flags |= {"--calibration-text": self.training_text, "--domain-dev": dev}
         return Step("export", self.params.command("stages.export", flags), output, self.work / "export")
+
+    def register_step(self, tags: Mapping[str, str], dev: Path | None) -> Step:
+        """The register stage: ``work/export`` registered and the gate run on STS-B dev, SICK-R trial and ``dev``
+        (the gate's domain pairs: the domain dev pairs, or the agreement pairs of the held-out gate part, which
+        selection never read), the run and the version tagged with ``tags``."""
+        output = self.work / "registry.json"
+        flags = {"--release": self.work / "export", "--summary": output, "--processed": self.processed}
+        flags |= {"--domain-dev": dev, "--tag": [f"{key}={value}" for key, value in tags.items()]}
+        return Step("register", self.params.command("stages.register", flags), output, output)
 
 
 def plan(

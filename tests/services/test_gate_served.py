@@ -23,9 +23,9 @@ from sentcl.params import read_params
 from sentcl.registry.rules import Registration
 from sentcl.registry.verdict import Override
 from sentcl_mlflow import runs, store
+from sentcl_mlflow.registration import PYFUNC_MODEL
 from sentcl_mlflow.registry import gate
 from sentcl_mlflow.registry.measure import Evidence
-from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.services.test_gate_measures import register_folder
 from tests.services.test_registry import TABLE, champion, mlflow_server, write_dev_pairs  # noqa: F401 (a fixture)
 from tests.tiny import make_tiny_encoder

@@ -313,7 +313,7 @@ def test_the_gate_process_scores_on_the_candidates_domain_pairs_and_refuses_chan
     the gate scores the candidate and the champion on them; a file changed after registration is a refusal."""
     from sentcl.evaluation.sts import cosine
     from sentcl.model.fast_encode import FastEncoder
-    from sentcl_mlflow.release import log_gate_inputs
+    from sentcl_mlflow.registration import log_gate_inputs
 
     as_user(monkeypatch, REGISTRAR)
     mlc = store.client()
@@ -399,7 +399,7 @@ def test_pairs_the_registrant_fabricated_never_outvote_stsb_dev_and_approved_one
 
     from sentcl.evaluation.sts import cosine
     from sentcl.model.fast_encode import FastEncoder
-    from sentcl_mlflow.release import log_gate_inputs
+    from sentcl_mlflow.registration import log_gate_inputs
 
     pairs = gate_process["processed"] / "pairs.parquet"
     folder = _changed_on_the_domain(gate_process["good"], tmp_path / "changed", scale=2.0)
@@ -452,7 +452,7 @@ def test_domain_pairs_past_the_gates_limits_are_refused_unread_and_the_gate_goes
     """A registrant's domain pairs file of more lines than gate.max_domain_pairs (200,000 pairs held the lease
     for minutes at 5 GB on the old code): refused in one line without scoring, the lease free, and the next
     candidate judged."""
-    from sentcl_mlflow.release import log_gate_inputs
+    from sentcl_mlflow.registration import log_gate_inputs
 
     limit = GateLimits.from_params(read_params()).max_domain_pairs
     big = tmp_path / "big.tsv"

@@ -21,8 +21,8 @@ from sentcl.params import read_params
 from sentcl.registry.rules import Registration
 from sentcl_mlflow import pyfunc_checks, runs, store
 from sentcl_mlflow.pyfunc_checks import ModelTamperedError
+from sentcl_mlflow.registration import PYFUNC_MODEL
 from sentcl_mlflow.registry.gate import register_candidate
-from sentcl_mlflow.release import PYFUNC_MODEL
 from tests.services.test_registry import TABLE
 
 NAME = "pyfunc-manifest"

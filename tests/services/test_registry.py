@@ -13,6 +13,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -144,8 +145,9 @@ def write_dev_pairs(folder: Path, reference: Path, stsb: int = 60, sick: int = 4
 
 @pytest.fixture(scope="module")
 def exported(mlflow_server, tmp_path_factory):
-    """`stages.export` on two tiny checkpoints: the better one becomes version 1 and, first ever, champion."""
-    from stages import export
+    """`stages.export` on two tiny checkpoints, then `stages.register`: the better one becomes version 1 and,
+    first ever, champion."""
+    from stages import export, register
 
     base = tmp_path_factory.mktemp("export")
     base_model = make_tiny_encoder(base, "base", seed=0)
@@ -165,19 +167,22 @@ def exported(mlflow_server, tmp_path_factory):
             "--output",
             str(base / "release"),
             "--summary",
-            str(base / "s.json"),
-            "--processed",
-            str(write_dev_pairs(base / "processed", trained)),
+            str(base / "export-summary.json"),
         ]
         + ["--model", f"base={base_model}", "--model", f"transfer-base={trained}"]
         + ["--train-metrics", str(base / "train")]
+    )
+    processed = write_dev_pairs(base / "processed", trained)
+    register.main(
+        ["--release", str(base / "release"), "--summary", str(base / "s.json"), "--processed", str(processed)]
     )
     return {
         "dir": base,
         "processed": base / "processed",
         "release": base / "release",
         "trained": trained,
-        "summary": json.loads((base / "s.json").read_text()),
+        "summary": json.loads((base / "export-summary.json").read_text())
+        | json.loads((base / "s.json").read_text()),
         "seconds": time.monotonic() - started,
     }
 
@@ -382,26 +387,28 @@ def test_two_promotions_at_once_cannot_both_win(fast_registry):
 
 
 @pytest.mark.slow
-def test_failed_export_leaves_registry_untouched(exported, tmp_path):
-    """A run that fails (here: a checkpoint folder without weights) never registers and never moves aliases."""
-    from stages import export
+def test_failed_registration_leaves_registry_untouched(exported, tmp_path):
+    """A registration that fails (here: a release folder of new weights whose files are gone) registers nothing
+    and moves no alias."""
+    from stages import register
 
     mlc = store.client()
     before = (versions(mlc), champion(mlc))
-    broken = tmp_path / "broken"
-    broken.mkdir()
-    (broken / "config.json").write_text("{}")  # a folder, but no model in it
-    (tmp_path / "sts.json").write_text(json.dumps({"broken": {"all": TABLE, "stsb_dev": 99.0}}))
+    broken = tmp_path / "release"
+    shutil.copytree(exported["release"], broken)
+    info = json.loads((broken / "export.json").read_text())
+    info["weights_fingerprint"] = "0" * 64  # weights no version holds: this registration must log them
+    (broken / "export.json").write_text(json.dumps(info))
+    for weights in broken.glob("*.safetensors"):
+        weights.unlink()
     with pytest.raises(Exception):  # noqa: B017 (any failure will do; the point is what it leaves behind)
-        export.main(
-            ["--sts", str(tmp_path / "sts.json"), "--model", f"broken={broken}"]
-            + ["--output", str(tmp_path / "out"), "--summary", str(tmp_path / "s.json")]
-        )
+        register.main(["--release", str(broken), "--summary", str(tmp_path / "s.json")])
     assert (versions(mlc), champion(mlc)) == before
+    assert not (tmp_path / "s.json").exists()
 
 
 @pytest.mark.slow
-def test_export_against_a_dead_server_fails_fast_and_registers_nothing(exported, tmp_path):
+def test_register_against_a_dead_server_fails_fast_and_registers_nothing(exported, tmp_path):
     mlc = store.client()
     before = versions(mlc)
     with socket.socket() as s:
@@ -414,8 +421,8 @@ def test_export_against_a_dead_server_fails_fast_and_registers_nothing(exported,
     }
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "stages.export", "--sts", str(exported["dir"] / "sts.json")]
-        + ["--model", f"transfer-base={exported['trained']}", "--output", str(tmp_path / "out")],
+        [sys.executable, "-m", "stages.register", "--release", str(exported["release"])]
+        + ["--summary", str(tmp_path / "out" / "registry.json")],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from sentcl_mlflow.release import PYFUNC_MODEL
+from sentcl_mlflow.registration import PYFUNC_MODEL
 from tests.paths import ROOT
 from tests.services.test_registry import free_port
 

@@ -18,6 +18,7 @@ COMMANDS = [
     "embed",
     "evaluate",
     "export",
+    "register",
     "retrain",
     "promote",
     "rollback",
@@ -49,6 +50,8 @@ def test_help_lists_every_subcommand_with_what_it_does():
         ("pipeline", "one task per DVC stage"),
         ("run", "Reproduce complete or partial pipelines"),  # dvc repro's own help
         ("stop", "stop what serve started"),
+        ("register", "Stage `register`: the release folder"),
+        ("export", "Stage `export`: the best checkpoint"),
     ],
 )
 def test_a_subcommands_help_is_its_entry_points_own(command, says):

@@ -341,7 +341,7 @@ def test_export_stage_says_in_one_line_when_int8_is_not_shipped(
         "--output",
         str(tmp_path / "out"),
     ]
-    args += ["--summary", str(tmp_path / "export.json"), "--data", str(senteval), "--no-register"]
+    args += ["--summary", str(tmp_path / "export.json"), "--data", str(senteval)]
     args += ["--train-metrics", str(tmp_path / "none")]
     assert export.main(args) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "int8" in line]

@@ -63,7 +63,7 @@ def test_better_dev_promotes_unless_sick_trial_drops_too_much():
 
 
 def tags(stsb: float, sick: float | None, tests: dict[str, float]) -> dict[str, str]:
-    """A registered version's tags as stages.export writes them."""
+    """A registered version's tags as stages.register writes them."""
     out = {TAG_STSB_DEV: f"{stsb:.6f}", TAG_STS: json.dumps(tests)}
     if sick is not None:
         out[TAG_DEV] = json.dumps({"sick_dev": sick})

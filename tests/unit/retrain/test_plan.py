@@ -112,8 +112,9 @@ def test_without_dev_pairs_a_distill_retrain_holds_out_a_share_and_selects_on_ag
     assert got["--steps"] == ["4"]
     gate = todo.agreement_file("gate")
     assert gate == tmp_path / "teacher" / "agreement-gate.tsv"
-    got = flags(todo.export_step({"x-distill": "/o"}, "champion=1", {}, tmp_path / "raw", gate).command)
+    got = flags(todo.export_step({"x-distill": "/o"}, tmp_path / "raw", gate).command)
     assert got["--domain-dev"] == [str(gate)]
+    assert flags(todo.register_step({}, gate).command)["--domain-dev"] == [str(gate)]
 
 
 def test_a_method_without_a_teacher_selects_on_stsb_dev_without_labels(params, tmp_path):
@@ -136,16 +137,16 @@ def test_the_gate_steps_carry_the_candidates_tags_and_the_pairs_selection_read(p
     todo = plan(RetrainConfig.from_params(params), params, tmp_path / "texts.txt", "/m", tmp_path, "x")
     got = flags(todo.evaluate_step({"x-distill": "/o", "base": "/m"}, tmp_path / "raw").command)
     assert got["--model"] == ["x-distill=/o", "base=/m"] and got["--output"] == [str(tmp_path / "sts.json")]
-    step = todo.export_step(
-        {"x-distill": "/o", "champion": "/m"}, "champion=3", {"a": "1"}, tmp_path / "raw", None
-    )
+    step = todo.export_step({"x-distill": "/o", "champion": "/m"}, tmp_path / "raw", None)
     got = flags(step.command)
-    assert got["--model"] == ["x-distill=/o", "champion=/m"] and got["--tag"] == ["a=1"]
-    assert "--champion-candidate" not in got and "--domain-dev" not in got  # recorded only beside dev pairs
-    got = flags(todo.export_step({}, "champion=3", {}, tmp_path / "raw", tmp_path / "dev.tsv").command)
-    assert got["--champion-candidate"] == ["champion=3"] and got["--domain-dev"] == [
-        str(tmp_path / "dev.tsv")
-    ]
+    assert got["--model"] == ["x-distill=/o", "champion=/m"] and "--domain-dev" not in got
+    assert got["--output"] == [str(tmp_path / "export")] and not {"--tag", "--by", "--processed"} & set(got)
+    # Registration is the register stage's: the folder export wrote, the run's tags, the gate's pairs.
+    got = flags(todo.register_step({"a": "1", "trigger": "inbox"}, None).command)
+    assert got["--release"] == [str(tmp_path / "export")] and got["--tag"] == ["a=1", "trigger=inbox"]
+    assert "--domain-dev" not in got and todo.register_step({}, None).record == tmp_path / "registry.json"
+    got = flags(todo.register_step({}, tmp_path / "dev.tsv").command)
+    assert got["--domain-dev"] == [str(tmp_path / "dev.tsv")]
 
 
 def test_a_teacher_must_beat_the_student_by_more_than_min_delta():

@@ -124,7 +124,7 @@ def test_without_dev_pairs_selection_and_the_gate_read_disjoint_parts_of_the_hel
     )
     assert outcome.runs[0]["agreement_pairs"] == n_selection  # what the transfer stage read: its part only
     assert (outcome.selection_pairs, outcome.gate_pairs) == (selection_pairs, gate_pairs)
-    assert todo.export_step({}, None, {}, tmp_path, outcome.gate_pairs).command.count(str(gate_pairs)) == 1
+    assert todo.register_step({}, outcome.gate_pairs).command.count(str(gate_pairs)) == 1
     judged = outcome.summary()["judged_on"]
     assert judged["selection"] == {
         "part": "heldout_selection",

@@ -1,4 +1,7 @@
-"""A release folder (``sentcl.registry.release``) into the registry: the pyfunc model run, ``challenger``, the gate."""
+"""A release folder (``sentcl.registry.release``) registered: the pyfunc model run, ``challenger``, the gate.
+
+The one home of registration: the `register` stage (``stages.register``, the DVC stage and the retrain flow's
+last step) is its only caller; `export` builds the folder and registers nothing."""
 
 from __future__ import annotations
 
@@ -116,7 +119,7 @@ def log_and_register(
     }
     verb = "registered" if outcome["created"] else "found"
     print(
-        f"export: {verb} {info['model_name']} version {outcome['version']} as challenger "
+        f"register: {verb} {info['model_name']} version {outcome['version']} as challenger "
         f"({info['checkpoint']}); register+gate {result['seconds_register_and_gate']}s"
     )
     if candidate and gate:
@@ -144,15 +147,15 @@ def _await_gate(name: str, version: str, params: Mapping[str, Any]) -> dict[str,
     from sentcl_mlflow.registry.gatekeeper import wait_for_verdict
 
     wait_s = FlowConfig.from_params(params).gate_wait_s
-    print(f"export: asked the gate process to judge {name} version {version}; waiting up to {wait_s:g}s")
+    print(f"register: asked the gate process to judge {name} version {version}; waiting up to {wait_s:g}s")
     found = wait_for_verdict(name, version, wait_s)
     if found is None:
         print(
-            f"export: no verdict from the gate process on {name} version {version} within {wait_s:g}s; "
+            f"register: no verdict from the gate process on {name} version {version} within {wait_s:g}s; "
             "it will tag the version (gate.decision) when it has judged it"
         )
         return {}
-    print(f"export: the gate's verdict on {name} version {version}: {found['decision'].upper()}")
+    print(f"register: the gate's verdict on {name} version {version}: {found['decision'].upper()}")
     for reason in found["reasons"]:
         print(f"  - {reason}")
     return {"gate": found}
