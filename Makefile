@@ -21,7 +21,7 @@ setup: $(STAMP) .dvc/config
 
 $(STAMP): pyproject.toml requirements.lock
 	@test -x $(PY) || $(PYTHON_BOOT) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c requirements.lock -e '.[dev,team]'
 	@touch $(STAMP)
 
 # .dvc/ is committed; this only matters for a tree exported without it.

@@ -237,10 +237,17 @@ echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
 # the basic-auth app. From here on everything this script starts talks to it over HTTP, never to the file.
 STORE="${SENTCL_MLFLOW_BACKEND:-${MLFLOW_TRACKING_URI:-sqlite:///$ROOT/mlflow.db}}"
 if [[ "$STORE" == sqlite:* ]]; then
+  # The artifacts folder beside the database, where `make run` keeps them (sentcl_mlflow.store), is the one the
+  # server serves. The worker's sandbox cannot write it (the production versions' files are there), so every
+  # experiment whose artifact root is a file: path in it (the ones `make run` creates) logs through the server
+  # from now on, which checks the account at each upload; runs logged before keep their files
+  # (sentcl_mlflow.artifact_roots; one line and exit 2 for an experiment of ours the server cannot serve).
+  ARTIFACTS="$(dirname "${STORE#sqlite:///}")/mlartifacts"
+  "$BIN/python" -m sentcl_mlflow.artifact_roots --store "$STORE" || exit 2
   # The script creates the admin with a short-lived bootstrap, then execs the server without the password.
   MLFLOW_BIN="$BIN/mlflow" MLFLOW_AUTH_ADMIN_USERNAME="$MLFLOW_AUTH_ADMIN_USERNAME" \
   MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_AUTH_ADMIN_PASSWORD" MLFLOW_FLASK_SERVER_SECRET_KEY="$MLFLOW_FLASK_SERVER_SECRET_KEY" \
-    start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ROOT/mlartifacts"
+    start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ARTIFACTS"
   wait_http mlflow-server "http://127.0.0.1:$MLFLOW_PORT/health" 180
   export MLFLOW_TRACKING_URI="${MLFLOW_PUBLIC_URI:-http://127.0.0.1:$MLFLOW_PORT}"
   # The passwords on its stdin, not in its environ: a worker left running by an earlier `make serve` (its flow

@@ -25,13 +25,22 @@ exists is kept, a permission that differs is replaced) and reads every secret fr
 
 ``bootstrap`` creates the admin in the users database named by ``MLFLOW_AUTH_CONFIG_PATH`` before the
 server starts, so the server process itself never holds the admin password (``infra/mlflow-server.sh``).
+The server's ``authorization_function`` (the auth ini infra/mlflow-server.sh and the compose file write) is
+:func:`authenticate_request`: MLflow's basic auth, then one rule for registered-model names on
+every request that creates or names one (create, rename, a version, an alias), for every account, the admin
+included: the name must be its own canonical form and read differently from every protected name
+(``GateConfig``'s three models and their leases) and every existing model (``sentcl.registry.model_names``);
+otherwise 400, one line of JSON naming the rule. So ``Sentcl-Encoder``, ``sentcl-encoder `` or
+``sentcl‐encoder`` (U+2010) can never be made beside ``sentcl-encoder``, nor given a ``champion`` alias.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
+from sentcl.registry.model_names import name_problem
 from sentcl.registry.rules import GateConfig
 from sentcl_mlflow.store import EXPERIMENT, client, tracking_uri
 
@@ -108,7 +117,8 @@ def bootstrap() -> None:
     from mlflow.server.auth.sqlalchemy_store import SqlAlchemyStore
 
     config = configparser.ConfigParser()
-    config.read(_required("MLFLOW_AUTH_CONFIG_PATH"))
+    config_path = _required("MLFLOW_AUTH_CONFIG_PATH")
+    config.read(config_path)
     username = os.environ.get("MLFLOW_AUTH_ADMIN_USERNAME") or "admin"
     users = SqlAlchemyStore()
     users.init_db(config["mlflow"]["database_uri"])
@@ -117,6 +127,98 @@ def bootstrap() -> None:
     password = check_secret("MLFLOW_AUTH_ADMIN_PASSWORD", _required("MLFLOW_AUTH_ADMIN_PASSWORD"))
     users.create_user(username, password, is_admin=True)
     print(f"auth: created the admin account {username!r}")
+
+
+# The field that names the model in each request that creates one, renames one (its new name) or writes into
+# one (a version, an alias): MLflow's request messages (mlflow.protos.model_registry_pb2).
+NAME_FIELDS = {
+    "CreateRegisteredModel": "name",
+    "RenameRegisteredModel": "new_name",
+    "CreateModelVersion": "name",
+    "SetRegisteredModelAlias": "name",
+}
+
+
+def authenticate_request():  # noqa: ANN201 (werkzeug's Authorization, or a flask Response)
+    """The MLflow server's ``authorization_function`` (see the module): MLflow's basic auth, and for a request
+    that creates or names a registered model, the name rule. MLflow calls it several times a request; the rule
+    is decided once (``flask.g``)."""
+    from flask import g
+    from mlflow.server.auth import authenticate_request_basic_auth
+    from werkzeug.datastructures import Authorization
+
+    authorization = authenticate_request_basic_auth()
+    if not isinstance(authorization, Authorization):
+        return authorization  # 401: who asks comes before what they ask
+    if "sentcl_name_refusal" not in g:
+        g.sentcl_name_refusal = name_guard()
+    return authorization if g.sentcl_name_refusal is None else g.sentcl_name_refusal
+
+
+def name_guard():  # noqa: ANN201 (a flask Response, or None)
+    """None, or the 400 (one line of JSON) for a request whose registered-model name breaks the rule."""
+    from flask import Response, request
+
+    field = _name_routes().get((request.path, request.method))
+    if field is None:
+        return None
+    payload = request.get_json(force=True, silent=True)  # as MLflow's handlers read it, content type or not
+    if isinstance(payload, str):  # a double-encoded body, which MLflow decodes again
+        try:
+            payload = json.loads(payload)
+        except ValueError:
+            return None  # MLflow refuses it itself
+    if not isinstance(payload, dict) or field not in payload:
+        return None  # no name: MLflow refuses it itself
+    try:
+        problem = name_problem(payload[field], _known_names())
+    except Exception as e:  # noqa: BLE001 (params.yaml or the store unreadable: refuse, never let it through)
+        why = (str(e).splitlines() or [type(e).__name__])[0]
+        body = {"error_code": "INTERNAL_ERROR", "message": f"the name rule could not be checked: {why}"}
+        return Response(json.dumps(body), status=500, mimetype="application/json")
+    if problem is None:
+        return None
+    body = {"error_code": "INVALID_PARAMETER_VALUE", "message": f"{field}: {problem}"}
+    return Response(json.dumps(body), status=400, mimetype="application/json")
+
+
+_routes: dict[tuple[str, str], str] | None = None
+
+
+def _name_routes() -> dict[tuple[str, str], str]:
+    """(path, method) -> the name field, for every route of NAME_FIELDS' requests (``/api/2.0``,
+    ``/ajax-api/2.0``, a static prefix), as the server itself lists them."""
+    global _routes
+    if _routes is None:
+        from mlflow.server.handlers import get_endpoints
+
+        _routes = {
+            (path, method): NAME_FIELDS[message.__name__]
+            for path, message, methods in get_endpoints(lambda message: message)
+            if getattr(message, "__name__", None) in NAME_FIELDS
+            for method in methods
+        }
+    return _routes
+
+
+def _known_names() -> list[str]:
+    """The protected names (params.yaml ``registry:``'s models and their promotion leases), then every
+    registered model the server's store holds."""
+    from mlflow.server.handlers import _get_model_registry_store  # the store MLflow's own handlers use
+
+    from sentcl.params import read_params
+    from sentcl_mlflow.registry.lease import LEASE_SUFFIX
+
+    config = GateConfig.from_params(read_params())
+    models = (config.model_name, config.experiment_model_name, config.candidate_model_name)
+    names = [*models, *(name + LEASE_SUFFIX for name in models)]
+    registry, token = _get_model_registry_store(), None
+    while True:
+        page = registry.search_registered_models(max_results=1000, page_token=token)
+        names += [model.name for model in page]
+        token = page.token
+        if not token:
+            return names
 
 
 def setup(config: GateConfig) -> dict[str, str]:

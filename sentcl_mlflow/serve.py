@@ -14,6 +14,11 @@ What ``mlflow models serve -m models:/...`` does, with checks in front of it and
 - a JSON request whose sentences are not all strings (``{"inputs": [123, null]}``) is answered 400 with a
   message naming the first bad item, where MLflow's parser would turn them into the text "123" and "None"
   (it coerces to the logged string signature);
+- every other malformed JSON body is answered 400 in one line too, before the model sees it: empty, not
+  UTF-8 or not JSON, nested deeper than ``MAX_JSON_DEPTH`` (counted before ``json.loads``, whose recursion
+  would otherwise exhaust Python's stack), not exactly one of MLflow's shapes with one column of sentences
+  (so the answer has one row per row sent), or a sentence that is not valid Unicode (a lone surrogate);
+  another content type is 415;
 - a CSV request is refused (400, as every input the model cannot take): CSV has no types, so nothing can tell
   the number 123 from the sentence "123", and pandas, which MLflow parses it with, drops blank lines and takes
   the first line as a header, so the answer would not line up with the lines sent. Parquet (typed) stays:
@@ -34,6 +39,8 @@ import argparse
 import asyncio
 import io
 import json
+import re
+import reprlib
 import sys
 import tempfile
 import threading
@@ -45,6 +52,12 @@ from typing import Any
 from sentcl.params import read_section, real_number, whole_number
 
 INPUT_KEYS = ("inputs", "instances", "dataframe_split", "dataframe_records")
+SHAPE = '{"inputs": ["a sentence", ...]} (or instances, dataframe_split, dataframe_records)'
+# The deepest JSON a request may nest: dataframe_split with params needs 4; json.loads recurses once per level
+# and would run out of Python's stack (RecursionError) near 1,000, wherever the server's stack then stands.
+MAX_JSON_DEPTH = 32
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string literal, escapes included
+_OPENERS, _CLOSERS = list(b"[{"), list(b"]}")  # their byte values
 CSV_REFUSED = (
     "text/csv is not accepted: CSV cannot tell a number from a sentence, and blank lines and the header "
     'line would be dropped from the answer; send JSON, {"inputs": ["a sentence", ...]}'
@@ -80,27 +93,67 @@ class Refusal(Exception):
         self.status, self.code, self.message = status, code, message
 
 
-def _cells(payload: dict[str, Any]) -> list[Any] | None:
-    """The sentences a JSON request carries, in order; None when its shape is not one of MLflow's."""
-    for key in INPUT_KEYS:
-        if key not in payload:
-            continue
-        value = payload[key]
-        if key == "dataframe_split":
-            rows = value.get("data", []) if isinstance(value, dict) else []
-            return [cell for row in rows for cell in (row if isinstance(row, list) else [row])]
-        if key == "dataframe_records":
-            return [cell for rec in value if isinstance(rec, dict) for cell in rec.values()]
-        if isinstance(value, dict):  # {"inputs": {"sentence": [...]}}
-            value = next(iter(value.values()), [])
-        if isinstance(value, str):
-            return [value]
-        if isinstance(value, list):
-            return [
-                v.get("sentence", next(iter(v.values()), None)) if isinstance(v, dict) else v for v in value
-            ]
+class BadShape(Exception):
+    """The JSON is not one of the request shapes MLflow's scoring server reads (the message says which part)."""
+
+
+def _depth(body: bytes) -> int:
+    """How deeply ``body`` nests arrays and objects, if it is JSON, counted without parsing it (strings, which may
+    hold brackets, removed first), so that ``json.loads`` never recurses past Python's stack."""
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return 0  # too few brackets to nest too deeply: the common case costs two counts
+    import numpy as np
+
+    outside = np.frombuffer(_JSON_STRING.sub(b'""', body), dtype=np.uint8)
+    steps = np.isin(outside, _OPENERS).astype(np.int32) - np.isin(outside, _CLOSERS).astype(np.int32)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def _column(value: Any, where: str) -> list[Any]:
+    """The cells of one column: a string is one sentence, a list its sentences (a record ``{"sentence": ...}``
+    per item allowed); anything else is not a column of sentences."""
+    if isinstance(value, str):
         return [value]
-    return None
+    if not isinstance(value, list):
+        raise BadShape(f"{where} must be a list of sentences, not {type(value).__name__}")
+    cells = []
+    for v in value:
+        if isinstance(v, dict):
+            if len(v) != 1:
+                raise BadShape(f"{where}: a record must have one field (the sentence), not {len(v)}")
+            v = next(iter(v.values()))
+        cells.append(v)
+    return cells
+
+
+def _cells(payload: dict[str, Any]) -> list[Any]:
+    """The sentences a JSON request carries, in order, one per row of the answer; :class:`BadShape` when the
+    payload is not exactly one of MLflow's shapes (one key of INPUT_KEYS, optional ``params``) with one column."""
+    keys = [key for key in INPUT_KEYS if key in payload]
+    extra = sorted(set(payload) - set(INPUT_KEYS) - {"params"})
+    if len(keys) != 1 or extra:
+        found = ", ".join(keys + extra) or "no key"
+        raise BadShape(f"expected one of {', '.join(INPUT_KEYS)} (and params), found {found}")
+    key = keys[0]
+    value = payload[key]
+    if key == "dataframe_split":
+        rows = value.get("data") if isinstance(value, dict) else None
+        if not isinstance(rows, list):
+            raise BadShape('dataframe_split must be {"columns": ["sentence"], "data": [["a sentence"], ...]}')
+        if any(isinstance(row, list) and len(row) != 1 for row in rows):
+            raise BadShape("dataframe_split: each row of data must hold one cell (the sentence)")
+        return [row[0] if isinstance(row, list) else row for row in rows]
+    if key == "dataframe_records":
+        if not isinstance(value, list) or not all(isinstance(rec, dict) and len(rec) == 1 for rec in value):
+            raise BadShape('dataframe_records must be a list of one-field records, [{"sentence": ...}, ...]')
+        return [next(iter(rec.values())) for rec in value]
+    if isinstance(value, dict):  # {"inputs": {"sentence": [...]}}: one column
+        if len(value) != 1:
+            raise BadShape(f"{key} as columns must have one column (the sentences), not {len(value)}")
+        return _column(next(iter(value.values())), key)
+    if isinstance(value, list) and any(isinstance(v, list) for v in value):
+        raise BadShape(f"{key} must be a flat list of sentences, not a list of lists")
+    return _column(value, key)
 
 
 def _not_strings(cells: list[Any]) -> str | None:
@@ -109,9 +162,26 @@ def _not_strings(cells: list[Any]) -> str | None:
         return None
     i, v = bad[0]
     return (
-        f"input {i} is {type(v).__name__} {v!r}, not a string: send a list of sentences "
+        f"input {i} is {type(v).__name__} {_short(v)}, not a string: send a list of sentences "
         f"({len(bad)} of {len(cells)} inputs are not strings)"
     )
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, at most 60 characters of it: a refusal names the item, it does not echo the body."""
+    text = reprlib.repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _not_text(cells: list[str]) -> str | None:
+    """The first sentence that is not valid Unicode (a lone surrogate, ``"\\ud800"`` in JSON), which no encoder
+    can read and UTF-8 cannot carry."""
+    for i, cell in enumerate(cells):
+        try:
+            cell.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"input {i} is not valid Unicode text ({cell[e.start]!a} at character {e.start})"
+    return None
 
 
 def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[list[str], dict[str, Any]]:
@@ -123,17 +193,25 @@ def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[
     if mime == "text/csv":
         raise Refusal(400, "BAD_REQUEST", CSV_REFUSED)
     if mime == "application/json":
-        try:
-            payload = json.loads(body or b"null")
-        except ValueError as e:
-            raise Refusal(400, "MALFORMED_REQUEST", f"the body is not JSON ({e})") from None
-        except RecursionError:  # "[[[[..." nested past Python's stack: json.loads gives up this way
-            raise Refusal(400, "MALFORMED_REQUEST", "the body is JSON nested too deeply to read") from None
-        cells = _cells(payload) if isinstance(payload, dict) else None
-        if cells is None:
+        if not body.strip():
+            raise Refusal(400, "MALFORMED_REQUEST", 'the body is empty: send {"inputs": ["a sentence", ...]}')
+        depth = _depth(body)
+        if depth > MAX_JSON_DEPTH:  # refused before json.loads, whose recursion would run out of stack
             raise Refusal(
-                400, "BAD_REQUEST", 'send {"inputs": ["a sentence", ...]} (or instances, dataframe_split)'
+                400, "MALFORMED_REQUEST", f"the body nests {depth} levels deep; at most {MAX_JSON_DEPTH}"
             )
+        try:
+            payload = json.loads(body)
+        except ValueError as e:  # not JSON, or not UTF-8 (UnicodeDecodeError is a ValueError)
+            raise Refusal(400, "MALFORMED_REQUEST", f"the body is not JSON ({e})") from None
+        except RecursionError:  # unreachable after the depth check; kept so that it can never be a 500
+            raise Refusal(400, "MALFORMED_REQUEST", "the body is JSON nested too deeply to read") from None
+        if not isinstance(payload, dict):
+            raise Refusal(400, "BAD_REQUEST", f"send {SHAPE}, not a JSON {type(payload).__name__}")
+        try:
+            cells = _cells(payload)
+        except BadShape as e:
+            raise Refusal(400, "BAD_REQUEST", f"{e}: send {SHAPE}") from None
         params = payload.get("params") or {}
         if not isinstance(params, dict):
             raise Refusal(400, "INVALID_PARAMETER_VALUE", "params must be an object")
@@ -148,7 +226,7 @@ def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[
         cells = [None if v is None or v != v else v for v in frame[column].tolist()]  # NaN: missing
     else:
         raise Refusal(415, "BAD_REQUEST", f"content type {mime or 'none'} is not accepted: send JSON")
-    problem = _not_strings(cells)
+    problem = _not_strings(cells) or _not_text(cells)
     if problem:
         raise Refusal(400, "INVALID_PARAMETER_VALUE", problem)
     if len(cells) > limits.max_sentences:
@@ -168,7 +246,9 @@ def parse_request(body: bytes, content_type: str, limits: ServeLimits) -> tuple[
     batch = params.get("batch_size", 64)
     if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
         raise Refusal(
-            400, "INVALID_PARAMETER_VALUE", f"params.batch_size must be a whole number >= 1, not {batch!r}"
+            400,
+            "INVALID_PARAMETER_VALUE",
+            f"params.batch_size must be a whole number >= 1, not {_short(batch)}",
         )
     return cells, params
 
@@ -244,7 +324,9 @@ def build_app(model_dir: Path, limits: ServeLimits):  # noqa: ANN201 (a FastAPI 
 
     def refused(status: int, code: str, message: str) -> JSONResponse:
         headers = {"Connection": "close"} if status == 413 else None  # the rest of the body is not read
-        return JSONResponse({"error_code": code, "message": message}, status_code=status, headers=headers)
+        # One line, and one that UTF-8 can carry whatever text a message quotes (a lone surrogate included).
+        line = (message.splitlines() or [""])[0][:500].encode("utf-8", "backslashreplace").decode("utf-8")
+        return JSONResponse({"error_code": code, "message": line}, status_code=status, headers=headers)
 
     @app.middleware("http")
     async def bounded(request: Request, call_next):  # noqa: ANN001, ANN202
@@ -254,6 +336,9 @@ def build_app(model_dir: Path, limits: ServeLimits):  # noqa: ANN201 (a FastAPI 
             body = await _body(request, limits.max_body_bytes)
             sentences, params = parse_request(body, request.headers.get("content-type", ""), limits)
             vectors = await encoder.encode(sentences, params, limits.request_timeout_s)
+            return JSONResponse(
+                {"predictions": vectors}
+            )  # rendered here: a NaN vector is a 500 in one line too
         except Refusal as e:
             return refused(e.status, e.code, e.message)
         except (TimeoutError, Cancelled):
@@ -263,12 +348,9 @@ def build_app(model_dir: Path, limits: ServeLimits):  # noqa: ANN201 (a FastAPI 
                 f"not answered within {limits.request_timeout_s:g}s (serve.request_timeout_s); its work was dropped",
             )
         except MlflowException as e:  # the model's own refusal (a missing sentence, a bad backend)
-            return refused(e.get_http_status_code(), str(e.error_code), e.message.splitlines()[0])
+            return refused(e.get_http_status_code(), str(e.error_code), e.message)
         except Exception as e:  # anything else: still one line of JSON, never a plain-text traceback
-            return refused(
-                500, "INTERNAL_ERROR", f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            )
-        return JSONResponse({"predictions": vectors})
+            return refused(500, "INTERNAL_ERROR", f"{type(e).__name__}: {e}")
 
     return app
 

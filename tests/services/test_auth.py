@@ -46,6 +46,7 @@ ADMIN = ("admin", "admin-secret-for-tests-1")
 GATE = ("sentcl-gate", "gate-secret-for-tests-1")
 TEAM = ("teammate", "team-secret-for-tests-1")
 CONFIG = GateConfig("auth-prod", "auth-exp", "auth-candidates", 0.2, 1.0, 1.0)
+STORES: dict[str, str] = {}  # a server's URI -> its backend store, for a test that writes behind its back
 
 
 def wait_for(url: str, process: subprocess.Popen, log: Path, seconds: float = 240) -> None:
@@ -102,6 +103,7 @@ def auth_server(tmp_path_factory):
     )
     uri = f"http://127.0.0.1:{port}"
     wait_for(f"{uri}/health", process, log)
+    STORES[uri] = f"sqlite:///{base / 'mlflow.db'}"
     saved = {
         k: os.environ.get(k)
         for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
