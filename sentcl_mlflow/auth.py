@@ -36,6 +36,7 @@ otherwise 400, one line of JSON naming the rule. So ``Sentcl-Encoder``, ``sentcl
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -201,18 +202,23 @@ def _name_routes() -> dict[tuple[str, str], str]:
     return _routes
 
 
-def _known_names() -> list[str]:
-    """The protected names (params.yaml ``registry:``'s models and their promotion leases), then every
-    registered model the server's store holds."""
-    from mlflow.server.handlers import _get_model_registry_store  # the store MLflow's own handlers use
-
+@functools.cache
+def _protected_names() -> tuple[str, ...]:
+    """params.yaml ``registry:``'s three models and their promotion leases: read once per server process."""
     from sentcl.params import read_params
     from sentcl_mlflow.registry.lease import LEASE_SUFFIX
 
     config = GateConfig.from_params(read_params())
     models = (config.model_name, config.experiment_model_name, config.candidate_model_name)
-    names = [*models, *(name + LEASE_SUFFIX for name in models)]
-    registry, token = _get_model_registry_store(), None
+    return (*models, *(name + LEASE_SUFFIX for name in models))
+
+
+def _known_names() -> list[str]:
+    """The protected names (params.yaml ``registry:``'s models and their promotion leases), then every
+    registered model the server's store holds."""
+    from mlflow.server.handlers import _get_model_registry_store  # the store MLflow's own handlers use
+
+    names, registry, token = list(_protected_names()), _get_model_registry_store(), None
     while True:
         page = registry.search_registered_models(max_results=1000, page_token=token)
         names += [model.name for model in page]
