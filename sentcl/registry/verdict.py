@@ -10,7 +10,8 @@ both models itself (:class:`Measured`) and :func:`decide` compares them with ``r
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sentcl.registry.rules import (
@@ -31,6 +32,27 @@ from sentcl.registry.rules import (
 
 UNCHANGED, PROMOTED, REJECTED = "unchanged", "promoted", "rejected"
 TAG_DECISION = "gate.decision"
+TAG_REASONS = "gate.reasons"  # for people: the reasons joined by "; " (a reason may itself hold "; ")
+TAG_REASONS_JSON = "gate.reasons_json"  # for programs: the same reasons as a JSON list, read back exactly
+
+
+def reason_tags(reasons: Sequence[str]) -> dict[str, str]:
+    """The two tags that record the gate's reasons: the readable join and the exact JSON list."""
+    return {TAG_REASONS: "; ".join(reasons), TAG_REASONS_JSON: json.dumps(list(reasons))}
+
+
+def reasons_from_tags(tags: Mapping[str, str]) -> list[str]:
+    """The reasons a version's tags record: the JSON list where the gate wrote one, else (a version judged before
+    that tag existed) the readable join split at "; "."""
+    exact = tags.get(TAG_REASONS_JSON)
+    if exact is not None:
+        try:
+            reasons = json.loads(exact)
+        except ValueError:
+            reasons = None
+        if isinstance(reasons, list) and all(isinstance(r, str) for r in reasons):
+            return reasons
+    return [r for r in tags.get(TAG_REASONS, "").split("; ") if r]
 
 
 @dataclass(frozen=True)
@@ -133,7 +155,7 @@ def screen(facts: GateFacts) -> Verdict | None:
         return _rejected(facts, [f"version {candidate.number} is unfinished (an interrupted registration)"])
     if _same_as_champion(facts) and (facts.source == facts.name or not blocked):
         reason = f"version {candidate.number} is already champion ({facts.name} version {champion.number})"
-        tags = {TAG_DECISION: UNCHANGED, "gate.reasons": reason} if facts.source != facts.name else {}
+        tags = {TAG_DECISION: UNCHANGED, **reason_tags([reason])} if facts.source != facts.name else {}
         return Verdict(UNCHANGED, (reason,), champion.number, tags)
     if blocked:
         return _rejected(facts, [blocked])
@@ -208,7 +230,7 @@ def _gate_tags(
     authenticated account; the ``--by`` note apart), when, and its own scores (``gate.stsb_dev`` ...)."""
     tags = {
         TAG_DECISION: decision,
-        "gate.reasons": "; ".join(reasons),
+        **reason_tags(reasons),
         "gate.champion_before": _champion_number(facts) or "",
         "gate.min_delta": str(facts.config.min_delta),
         "gate.max_dev_drop": str(facts.config.max_dev_drop),
@@ -232,7 +254,7 @@ def verdict_from_tags(tags: Mapping[str, str]) -> dict[str, object] | None:
         return None
     return {
         "decision": tags[TAG_DECISION],
-        "reasons": [r for r in tags.get("gate.reasons", "").split("; ") if r],
+        "reasons": reasons_from_tags(tags),
         "champion_after": tags.get("gate.champion_version") or tags.get("gate.champion_before") or None,
     }
 

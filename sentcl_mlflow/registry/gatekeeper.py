@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from sentcl.registry.dev_sets import GateDevSetError, read_regular, recorded_pairs_problem
 from sentcl.registry.host import clear_scratch, close_process, private_folder
 from sentcl.registry.rules import READY, TAG_STATE, GateConfig, GateLimits, LeaseTimes
-from sentcl.registry.verdict import TAG_DECISION, verdict_from_tags
+from sentcl.registry.verdict import TAG_DECISION, reason_tags, verdict_from_tags
 from sentcl_mlflow.errors import GateRefusedError
 
 if TYPE_CHECKING:
@@ -274,7 +274,8 @@ def _error_verdict(source: str, version: str, reason: str) -> None:
 
     try:
         mlc = client()
-        mlc.set_model_version_tag(source, version, "gate.reasons", f"the gate could not judge it: {reason}")
+        for key, value in reason_tags([f"the gate could not judge it: {reason}"]).items():
+            mlc.set_model_version_tag(source, version, key, value)
         mlc.set_model_version_tag(source, version, TAG_DECISION, "error")
         print(f"gate: {source} version {version} ERROR (not judged after 3 tries): {reason}", flush=True)
     except Exception:

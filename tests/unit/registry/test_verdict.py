@@ -7,6 +7,7 @@ expects from the rules written out here, never read back from the code under tes
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
@@ -32,6 +33,8 @@ from sentcl.registry.verdict import (
     candidate_facts,
     decide,
     plan_rollback,
+    reason_tags,
+    reasons_from_tags,
     screen,
     verdict_from_tags,
 )
@@ -97,7 +100,12 @@ def test_another_models_version_with_the_champions_weights_is_unchanged_and_says
     job = facts({TAG_WEIGHTS: "w1"}, champion_tags={TAG_WEIGHTS: "w1"}, source="prod-candidates")
     verdict = decide(job)
     assert verdict.decision == UNCHANGED
-    assert verdict.tags == {"gate.decision": UNCHANGED, "gate.reasons": verdict.reasons[0]}
+    reason = verdict.reasons[0]
+    assert verdict.tags == {
+        "gate.decision": UNCHANGED,
+        "gate.reasons": reason,
+        "gate.reasons_json": json.dumps([reason]),
+    }
     # Other weights: not the champion, so it needs measuring.
     assert screen(dataclasses.replace(job, candidate=VersionFacts("4", {TAG_WEIGHTS: "w2"}))) is None
 
@@ -228,3 +236,15 @@ def test_the_verdict_a_waiting_registrar_reads_back_from_the_tags():
         "reasons": ["MLmodel changed"],
         "champion_after": None,
     }
+
+
+def test_reasons_that_hold_the_separator_read_back_exactly_from_the_tags():
+    # The scores reason itself holds "; " ("... 84.1; champion ..."): split at "; ", two reasons read back as three.
+    reasons = ["candidate STS-B dev 84.10; champion 85.00", "forced by ops"]
+    tags = {"gate.decision": "promoted", **reason_tags(reasons)}
+    assert tags["gate.reasons"] == "candidate STS-B dev 84.10; champion 85.00; forced by ops"
+    assert verdict_from_tags(tags)["reasons"] == reasons
+    # A version the gate judged before the JSON tag existed reads as before: the join split.
+    assert reasons_from_tags({"gate.reasons": "a; b"}) == ["a", "b"]
+    # A JSON tag that is not a list of strings is not trusted: the readable join is read instead.
+    assert reasons_from_tags({"gate.reasons": "a", "gate.reasons_json": '{"x": 1}'}) == ["a"]
