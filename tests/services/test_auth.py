@@ -38,6 +38,7 @@ from sentcl_mlflow.registry.lease import (
 )
 from sentcl_mlflow.registry.measure import Evidence
 from sentcl_mlflow.registry.names import production_experiment, run_experiment
+from tests.mlflow_uris import mlflow_pointed_at
 from tests.paths import ROOT
 from tests.services.test_mlflow_outage import make_release, run_register
 from tests.services.test_registry import TABLE, as_registered, free_port
@@ -104,17 +105,8 @@ def auth_server(tmp_path_factory):
     uri = f"http://127.0.0.1:{port}"
     wait_for(f"{uri}/health", process, log)
     STORES[uri] = f"sqlite:///{base / 'mlflow.db'}"
-    saved = {
-        k: os.environ.get(k)
-        for k in ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    }
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    yield uri
-    for key, value in saved.items():
-        if value is None:
-            os.environ.pop(key, None)
-        else:
-            os.environ[key] = value
+    with mlflow_pointed_at(uri):
+        yield uri
     stop(process)
 
 

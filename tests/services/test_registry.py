@@ -33,6 +33,7 @@ from sentcl_mlflow import store
 from sentcl_mlflow.registry import gate
 from sentcl_mlflow.registry.gate import register_candidate
 from sentcl_mlflow.registry.measure import Evidence
+from tests.mlflow_uris import mlflow_pointed_at
 from tests.paths import ROOT
 from tests.tiny import make_tiny_encoder, tiny_sentences
 
@@ -104,13 +105,8 @@ def mlflow_server(tmp_path_factory):
                 process.kill()
                 pytest.fail(f"mlflow server did not start: {(base / 'server.log').read_text()[-2000:]}")
             time.sleep(0.5)
-    previous = os.environ.get("MLFLOW_TRACKING_URI")
-    os.environ["MLFLOW_TRACKING_URI"] = uri
-    yield uri
-    if previous is None:
-        os.environ.pop("MLFLOW_TRACKING_URI", None)
-    else:
-        os.environ["MLFLOW_TRACKING_URI"] = previous
+    with mlflow_pointed_at(uri):
+        yield uri
     os.killpg(process.pid, signal.SIGTERM)  # the server's own session: its uvicorn worker goes too
     try:
         process.wait(20)

