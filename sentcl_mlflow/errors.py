@@ -57,6 +57,10 @@ def _network_types() -> tuple[type[BaseException], ...]:
         # inside an except block, so its urllib3 ProtocolError is only __context__).
         requests.exceptions.ChunkedEncodingError,
         http.client.IncompleteRead,
+        # The server answered only 5xx/429 until MLflow's retries ran out ("too many 503 error responses"): its
+        # database or artifact store is down behind it (a 503 is MLflow's TEMPORARILY_UNAVAILABLE, a SQLAlchemy
+        # OperationalError). MLflow's client re-raises it as a plain MlflowException, this as __context__.
+        requests.exceptions.RetryError,
         requests.exceptions.Timeout,
         urllib3.exceptions.MaxRetryError,
         urllib3.exceptions.ProtocolError,
@@ -97,7 +101,8 @@ def unreachable(error: BaseException) -> bool:
 
 
 def describe(error: BaseException) -> str:
-    """``ConnectionRefusedError`` / ``ReadTimeout``: the innermost network error's name, for the one line."""
+    """``ConnectionRefusedError`` / ``ReadTimeout``: the innermost network error's name, for the one line; with
+    its message for a server that answered only 5xx (``ResponseError: too many 503 error responses``)."""
     cause = network_cause(error) or error
     inner = cause
     seen: set[int] = set()
@@ -107,6 +112,10 @@ def describe(error: BaseException) -> str:
         if not isinstance(reason, BaseException):
             break
         inner = reason
+    import urllib3
+
+    if isinstance(inner, urllib3.exceptions.ResponseError):  # it did answer: with 5xx until the retries ran out
+        return f"{type(inner).__name__}: {inner}"  # "ResponseError: too many 503 error responses"
     return type(inner).__name__
 
 
