@@ -2,6 +2,7 @@
 
     infra/team/team-up   [--state DIR]     # default .run/team
     infra/team/team-down [--state DIR]
+    infra/team/team-dvc-remote [--state DIR] [--repo CHECKOUT]   # DVC's `shared` remote on it, the dvc key
 
 ``up`` initialises (first time) and starts PostgreSQL 15 on 127.0.0.1 (TCP only, no Unix socket, SCRAM
 passwords everywhere) with one role and database per service: ``mlflow`` (databases ``mlflow`` and
@@ -447,14 +448,60 @@ def down(state: State) -> None:
     say(postgres_down(state))
 
 
+def s3_key(state: State, role: str) -> tuple[str, str]:
+    """A role's S3 key pair (access key id, secret) from its 0600 file under DIR/secrets."""
+    key_id, secret = state.secret(f"s3-{role}.ini").splitlines()[1:3]
+    return key_id.split("=", 1)[1].strip(), secret.split("=", 1)[1].strip()
+
+
+def dvc_remote(state: State, repo: Path, remote: str = "shared") -> None:
+    """Point the checkout's DVC remote ``shared`` (s3://sentcl-dvc/cache, committed in .dvc/config) at this
+    state's S3 gateway with the ``dvc`` key: endpointurl, access_key_id and secret_access_key in
+    ``.dvc/config.local`` (DVC ignores it in git), 0600. DVC's own ``dvc remote modify --local`` edit, done in this
+    process so that the secret never is in an argv; explicit keys win over any AWS_* variable or credentials
+    file in the environment (an MLflow env's registrar key would otherwise be used and refused)."""
+    from dvc.config import Config, ConfigError
+
+    config = state.load()
+    if not config.get("s3_port"):
+        raise TeamError(f"no S3 server in {state.file}: run infra/team/team-up --state {state.dir} first")
+    dvc_dir = repo.resolve() / ".dvc"
+    if not (dvc_dir / "config").is_file():
+        raise TeamError(f"{repo} is no DVC checkout (no .dvc/config)")
+    key_id, secret = s3_key(state, "dvc")
+    endpoint = f"http://127.0.0.1:{config['s3_port']}"
+    local = dvc_dir / "config.local"
+    os.umask(0o077)  # DVC writes the file anew: never readable by others, not even for a moment
+    os.close(os.open(local, os.O_WRONLY | os.O_CREAT, 0o600))
+    os.chmod(local, 0o600)
+    try:
+        dvc_config = Config(dvc_dir=str(dvc_dir))
+        with dvc_config.edit("local") as conf:
+            if remote not in dvc_config["remote"]:
+                raise TeamError(f"no DVC remote {remote!r} in {dvc_dir / 'config'}")
+            section = conf["remote"].setdefault(remote, {})
+            section.update(endpointurl=endpoint, access_key_id=key_id, secret_access_key=secret)
+    except ConfigError as e:
+        raise TeamError(f"DVC config: {e}") from None
+    os.chmod(local, 0o600)
+    say(
+        f"DVC remote {remote!r} -> {endpoint} (s3://{DVC}) with the dvc key {key_id}: {local} (0600); "
+        f"dvc push -r {remote} / dvc pull -r {remote}"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="team", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
-    parser.add_argument("command", choices=["up", "down"])
+    parser.add_argument("command", choices=["up", "down", "dvc-remote"])
     parser.add_argument("--state", type=Path, default=ROOT / ".run" / "team", help="state folder (.run/team)")
+    parser.add_argument("--repo", type=Path, default=ROOT, help="dvc-remote: the checkout (this one)")
     args = parser.parse_args(argv)
     try:
+        if args.command == "dvc-remote":
+            dvc_remote(State(args.state), args.repo)
+            return 0
         (up if args.command == "up" else down)(State(args.state))
     except TeamError as e:
         print(f"team: {e}", file=sys.stderr)
