@@ -257,12 +257,35 @@ def sts_row_from_tags(tags: Mapping[str, str] | None) -> dict[str, Any]:
 
 
 def weight_file_digests(folder: Path) -> dict[str, str]:
-    """sha256 of each weight file at the top of a sentence-transformers folder (safetensors, else .bin)."""
-    files = sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin"))
-    digests = {}
-    for path in files:
-        digests[path.name] = file_sha256(path)
+    """sha256 of each weight file of a sentence-transformers folder (safetensors, else .bin): those at its top
+    (the transformer), keyed by name, and those of every other module ``modules.json`` lists (a ``Dense``
+    head), keyed ``<module path>/<name>``, so that one transformer under two heads is two sets of weights.
+    Folders no module names (``onnx/``, ``openvino/``) are not weights of this pipeline."""
+    folder = Path(folder)
+    digests = {path.name: file_sha256(path) for path in _weight_files(folder)}
+    for module in _module_paths(folder):
+        for path in _weight_files(folder / module):
+            digests[f"{module}/{path.name}"] = file_sha256(path)
     return digests
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    return sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+
+
+def _module_paths(folder: Path) -> list[str]:
+    """The sub-folders modules.json names (not the top, not one outside the folder); [] without the file."""
+    try:
+        modules = json.loads((folder / "modules.json").read_text())
+    except (OSError, ValueError):
+        return []
+    paths = {m.get("path") for m in modules if isinstance(m, dict)} if isinstance(modules, list) else set()
+    root = folder.resolve()
+    return sorted(
+        p
+        for p in paths
+        if isinstance(p, str) and p and (folder / p).resolve().parent == root and (folder / p).is_dir()
+    )
 
 
 def weights_fingerprint(per_file: Mapping[str, str]) -> str:

@@ -22,6 +22,7 @@ from sentcl.registry.rules import (
     promotion_blocked,
     sts_row_from_tags,
     version_weights,
+    weight_file_digests,
     weights_fingerprint,
 )
 from tests.paths import ROOT
@@ -191,3 +192,46 @@ def test_the_gates_own_scores_become_gate_tags_and_one_log_text():
     }
     assert set(Scores(80.0).tags("gate.champion_")) == {"gate.champion_stsb_dev"}
     assert scores.text() == "stsb_dev 81.23, sick_dev 75.10, domain_dev 60.00"
+
+
+def _st_folder(root, modules):  # noqa: ANN001, ANN202
+    """A sentence-transformers folder's weight layout: a transformer at the top, each module's files below."""
+    root.mkdir()
+    (root / "model.safetensors").write_bytes(b"transformer")
+    (root / "modules.json").write_text(
+        json.dumps([{"idx": 0, "path": "", "type": "x.Transformer"}, *modules])
+    )
+    return root
+
+
+def test_one_transformer_under_two_heads_is_two_sets_of_weights(tmp_path):
+    from hashlib import sha256
+
+    bare = _st_folder(tmp_path / "bare", [{"idx": 1, "path": "1_Pooling", "type": "x.Pooling"}])
+    (bare / "1_Pooling").mkdir()
+    (bare / "1_Pooling" / "config.json").write_text("{}")
+    # The transformer alone: the top file, keyed by its name, as every version registered so far was tagged.
+    assert weight_file_digests(bare) == {"model.safetensors": sha256(b"transformer").hexdigest()}
+    heads = []
+    for head in (b"head one", b"head two"):
+        folder = _st_folder(
+            tmp_path / f"head-{len(heads)}", [{"idx": 1, "path": "2_Dense", "type": "x.Dense"}]
+        )
+        (folder / "2_Dense").mkdir()
+        (folder / "2_Dense" / "model.safetensors").write_bytes(head)
+        (folder / "onnx").mkdir()  # an export beside the pipeline, which no module names: not its weights
+        (folder / "onnx" / "model.bin").write_bytes(b"onnx graph")
+        heads.append(weight_file_digests(folder))
+    assert heads[0] == {
+        "model.safetensors": sha256(b"transformer").hexdigest(),
+        "2_Dense/model.safetensors": sha256(b"head one").hexdigest(),
+    }
+    fingerprints = {weights_fingerprint(d) for d in (*heads, weight_file_digests(bare))}
+    assert len(fingerprints) == 3
+
+
+def test_a_module_path_outside_the_folder_is_not_followed(tmp_path):
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "model.safetensors").write_bytes(b"not this model's")
+    folder = _st_folder(tmp_path / "m", [{"idx": 1, "path": "../elsewhere", "type": "x.Dense"}])
+    assert list(weight_file_digests(folder)) == ["model.safetensors"]
