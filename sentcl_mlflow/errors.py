@@ -114,7 +114,8 @@ def describe(error: BaseException) -> str:
         inner = reason
     import urllib3
 
-    if isinstance(inner, urllib3.exceptions.ResponseError):  # it did answer: with 5xx until the retries ran out
+    # It did answer, with 5xx until the retries ran out.
+    if isinstance(inner, urllib3.exceptions.ResponseError):
         return f"{type(inner).__name__}: {inner}"  # "ResponseError: too many 503 error responses"
     return type(inner).__name__
 
