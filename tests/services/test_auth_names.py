@@ -25,6 +25,8 @@ LOOKALIKES = {
     "hyphen-u2010": "sentcl\u2010encoder",
     "en-dash-u2013": "sentcl\u2013encoder",
     "fullwidth-s": "\uff53entcl-encoder",
+    "cyrillic-ie": "s\u0435ntcl-encoder",  # CYRILLIC SMALL LETTER IE among Latin letters
+    "cyrillic-dze": "\u0455entcl-encoder",
 }
 
 

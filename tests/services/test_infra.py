@@ -778,3 +778,58 @@ def test_make_serve_killed_mid_start_is_cleaned_up_by_the_next_and_make_stop_lea
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _processes_with(marker), (stop.stdout, _processes_with(marker))
+
+
+# Run in a folder holding only what the compose MLflow image copies, on PYTHONPATH as the image sets it.
+NAME_RULE_PROBE = r"""
+import json, sys
+import mlflow.server.auth  # the server's own app: what it imports comes with `mlflow[auth]`
+before = set(sys.modules)
+import sentcl, sentcl_mlflow.auth as auth
+names = auth._protected_names()
+routes = auth._name_routes()
+print(json.dumps({
+    "sentcl": sentcl.__file__, "auth": auth.__file__, "names": names, "routes": len(routes),
+    "cyrillic": auth.name_problem("s\u0435ntcl-encoder", names),
+    "new": sorted({m.split(".")[0] for m in set(sys.modules) - before} - set(sys.stdlib_module_names)),
+}))
+"""
+
+
+def test_compose_mlflow_runs_the_name_rule_from_what_its_image_holds(tmp_path):
+    """Compose's MLflow server names sentcl's authorization function, and its image (the Dockerfile's mlflow
+    target) holds what that function imports: the COPY'd folders and files, run from there, load the rule and
+    refuse a Cyrillic lookalike; every package they import beyond MLflow's own is one the image installs."""
+    command = " ".join(load("docker-compose.yml")["services"]["mlflow"]["command"])
+    assert "authorization_function = sentcl_mlflow.auth:authenticate_request\\n" in command
+    dockerfile = (INFRA / "Dockerfile").read_text()
+    stage = dockerfile.split("AS mlflow", 1)[1].split("\nFROM ", 1)[0]
+    assert "ENV PYTHONPATH=/opt/sentcl" in stage and "WORKDIR /opt/sentcl" in stage
+    copied = re.findall(r"^COPY (\S+) \./", stage, re.M)
+    assert copied, stage
+    for path in copied:
+        source = ROOT / path
+        target = tmp_path / path
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(source, target)
+    installed = re.search(r"pip install(?:[^\n]*\\\n)*[^\n]*", stage).group(0)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "SENTCL_"))}
+    env["PYTHONPATH"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-c", NAME_RULE_PROBE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["sentcl"].startswith(str(tmp_path)) and out["auth"].startswith(str(tmp_path))
+    assert "sentcl-encoder" in out["names"] and out["routes"] > 0
+    assert out["cyrillic"] and "reads the same" in out["cyrillic"]
+    distributions = {"yaml": "pyyaml", "confusable_homoglyphs": "confusable-homoglyphs"}
+    for module in set(out["new"]) - {"sentcl", "sentcl_mlflow"}:
+        assert distributions.get(module, module) in installed, (module, installed)
