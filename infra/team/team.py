@@ -332,6 +332,9 @@ def seaweed_up(state: State, config: dict, account: str | None) -> None:
     command += ["-filer", "-s3", "-s3.config=s3.json", "-s3.port.iceberg=0", "-s3.port.lance=0"]
     command += [f"-filer.localSocket={state.weed / 'filer.sock'}", "-master.volumeSizeLimitMB=64"]
     command += ["-volume.max=0", "-master.defaultReplication=000"]
+    # One volume server and no peer to drain to: its 10 s pause between the last heartbeat and the stop buys
+    # nothing (team-down waited it out on every stop).
+    command += ["-volume.preStopSeconds=0"]
     log = open(state.weed / "weed.log", "a")
     process = subprocess.Popen(
         as_account(account, command),
