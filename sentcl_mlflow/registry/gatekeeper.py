@@ -177,15 +177,41 @@ def verdict(mlc: MlflowClient, name: str, version: str) -> dict[str, Any] | None
     return verdict_from_tags(mlc.get_model_version(name, version).tags or {})
 
 
-def wait_for_verdict(name: str, version: str, timeout_s: float, poll_s: float = 2.0) -> dict[str, Any] | None:
-    """What the registrar does after registering: wait (at most ``timeout_s``) for the gate's verdict."""
+def wait_for_verdict(
+    name: str, version: str, timeout_s: float, poll_s: float = 2.0, say: Any = print
+) -> dict[str, Any] | None:
+    """What the registrar does after registering: wait (at most ``timeout_s``) for the gate's verdict.
+
+    The wait holds no lease and writes nothing, so a tracking server that stops answering meanwhile (restarted,
+    its database down: refused, reset, timed out or 5xx) does not end it: one line when it stops answering, one
+    when it answers again, and the polls go on until the deadline. A server still down at the deadline raises
+    its last error (the stage's one line, exit 75). Any other error ends the wait at once."""
+    from sentcl_mlflow.errors import describe, unreachable
     from sentcl_mlflow.store import client
 
-    mlc = client()
+    mlc = None
     deadline = time.monotonic() + timeout_s
+    outage: tuple[Exception, float] | None = None
     while True:
-        found = verdict(mlc, name, version)
+        try:
+            mlc = mlc or client()  # client() asks /health first: a server down at the start is an outage too
+            found = verdict(mlc, name, version)
+        except Exception as e:
+            if not unreachable(e) or time.monotonic() >= deadline:
+                raise
+            if outage is None:
+                say(
+                    f"register: the MLflow server stopped answering ({describe(e)}) while waiting for the "
+                    f"gate's verdict on {name} version {version}; polling it until the wait ends"
+                )
+            outage, found = (e, outage[1] if outage else time.monotonic()), None
+        else:
+            if outage is not None:
+                say(f"register: the MLflow server answers again after {time.monotonic() - outage[1]:.0f}s")
+                outage = None
         if found is not None or time.monotonic() >= deadline:
+            if found is None and outage is not None:
+                raise outage[0]
             return found
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 

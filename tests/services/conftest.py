@@ -27,6 +27,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -62,13 +63,15 @@ def env_file(path: Path) -> dict[str, str]:
     return dict(line.split("=", 1) for line in path.read_text().splitlines() if line)
 
 
-@pytest.fixture(scope="session")
-def team(request):
-    """The team's stack: {"state": its folder, "up": team-up's CompletedProcess, "seconds": its start}."""
+@contextmanager
+def team_stack(request, prefix: str = "sentcl-team-"):  # noqa: ANN001, ANN201
+    """``team.py up`` on a state folder of its own under /tmp, ``down`` afterwards (the folder kept, its path
+    printed, when a test failed meanwhile): {"state": its folder, "up": team-up's CompletedProcess, "seconds"}.
+    The session's ``team`` is one; a module whose servers must not see other tests' names starts its own."""
     missing = team_missing()
     if missing:
         pytest.skip(missing)
-    state = Path(tempfile.mkdtemp(prefix="sentcl-team-", dir="/tmp"))
+    state = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     failed_before = request.session.testsfailed
     started = time.monotonic()
     up = subprocess.run(
@@ -88,9 +91,19 @@ def team(request):
         assert down.returncode == 0 and b"stopped" in down.stdout
 
 
-def start_team_mlflow(state: Path, **overrides: str) -> tuple[subprocess.Popen, str, Path, float]:
+@pytest.fixture(scope="session")
+def team(request):
+    """The team's stack: {"state": its folder, "up": team-up's CompletedProcess, "seconds": its start}."""
+    with team_stack(request) as stack:
+        yield stack
+
+
+def start_team_mlflow(
+    state: Path, port: int | None = None, **overrides: str
+) -> tuple[subprocess.Popen, str, Path, float]:
     """``infra/mlflow-server.sh`` on the stack in ``state`` (its ``mlflow.env``, ``overrides`` on top, such as a
-    relay's ``MLFLOW_S3_ENDPOINT_URL``), up to ``/health``: (the process, its URI, its log, seconds to start).
+    relay's ``MLFLOW_S3_ENDPOINT_URL``), on ``port`` (a free one unless given: the same port restarts a server),
+    up to ``/health``: (the process, its URI, its log, seconds to start).
     What earlier tests left in the client-side MLflow variables is not the server's business: they are dropped."""
     client_side = (
         "MLFLOW_TRACKING_URI",
@@ -98,7 +111,7 @@ def start_team_mlflow(state: Path, **overrides: str) -> tuple[subprocess.Popen, 
         "MLFLOW_TRACKING_USERNAME",
         "MLFLOW_TRACKING_PASSWORD",
     )
-    port = free_port()
+    port = port or free_port()
     env = {
         **{k: v for k, v in os.environ.items() if k not in client_side},
         **env_file(state / "mlflow.env"),
@@ -110,7 +123,7 @@ def start_team_mlflow(state: Path, **overrides: str) -> tuple[subprocess.Popen, 
         **overrides,
     }
     log = state / "mlflow.log"
-    with open(log, "w") as out:
+    with open(log, "a") as out:  # a restarted server's lines follow the first one's
         process = subprocess.Popen(
             ["bash", "infra/mlflow-server.sh", str(port)],
             cwd=ROOT,

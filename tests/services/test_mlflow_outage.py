@@ -397,3 +397,22 @@ def test_a_server_that_dies_mid_response_is_transient():
     assert errors.unreachable(broken.value) and transient_error(broken.value)
     code, line = errors.one_line("register", broken.value)
     assert code == 75 and "stopped answering (ProtocolError)" in line, line
+
+
+def test_a_wait_for_the_gate_on_a_server_still_down_at_its_deadline_is_one_line_exit_75(monkeypatch):
+    """The wait rides out an outage (tests/services/test_team_faults.py restarts a server under it), but not
+    past its deadline: a server that never answers ends it with the last error, transient (exit 75), after one
+    line saying so; the deadline is kept (no poll runs past it by more than a request's bound)."""
+    from sentcl_mlflow.registry.gatekeeper import wait_for_verdict
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "2")
+    said: list[str] = []
+    started = time.monotonic()
+    with pytest.raises(Exception) as down:
+        wait_for_verdict("sentcl-wait-test", "1", timeout_s=4, poll_s=0.5, say=said.append)
+    seconds = time.monotonic() - started
+    assert 4 <= seconds < 15, seconds  # client() probes /health 3 times, 3 s each
+    assert errors.unreachable(down.value) and errors.one_line("register", down.value)[0] == 75
+    assert len(said) == 1 and "stopped answering (TrackingUnavailableError)" in said[0], said

@@ -9,6 +9,7 @@ the S3 kill lands while an upload is in flight, not at a guessed moment.
 1. PostgreSQL stopped (``pg_ctl stop -m immediate``) while ``python -m stages.register`` holds the promotion lease
    and its model run is RUNNING.
 2. SeaweedFS killed (-9) while the server proxies the model's artifact upload to it.
+3. The MLflow server stopped and started again while a registrar's register step waits for the gate's verdict.
 
 Each time what a person and a flow see is checked: one line on stderr, exit 75 (the flows retry it), and, once the
 store is back, a registry with no half-registered version ``ready`` and ``champion`` unchanged or on a judged
@@ -38,8 +39,10 @@ from pathlib import Path
 import pytest
 
 from sentcl.registry.rules import READY, REGISTERING, TAG_STATE, version_weights
+from sentcl.registry.verdict import TAG_DECISION, reason_tags
 from sentcl_mlflow import exit_codes
 from sentcl_mlflow.registry.lease import LEASE_SUFFIX, TAG_RUN_LEASE, TAG_RUN_TOKEN
+from tests.mlflow_uris import mlflow_pointed_at
 from tests.paths import ROOT
 from tests.services.conftest import ADMIN, TEAM, kill_server, start_team_mlflow, team_missing
 from tests.services.test_mlflow_outage import PROGRESS, make_release, register_command
@@ -196,13 +199,21 @@ class Mlflow:
     authenticated reads of its REST API (as the admin)."""
 
     def __init__(self, stack: Stack, s3_uri: str) -> None:
-        self.stack = stack
+        self.stack, self.s3_uri = stack, s3_uri
         self.process, self.uri, self.log, self.seconds = start_team_mlflow(
             stack.state, MLFLOW_S3_ENDPOINT_URL=s3_uri
         )
 
     def stop(self) -> None:
         kill_server(self.process)
+
+    def restart(self) -> float:
+        """The server started again on its port (its store is PostgreSQL and S3: nothing is lost); seconds."""
+        port = int(self.uri.rsplit(":", 1)[1])
+        self.process, _, _, seconds = start_team_mlflow(
+            self.stack.state, port, MLFLOW_S3_ENDPOINT_URL=self.s3_uri
+        )
+        return seconds
 
     def call(self, path: str, body: dict | None = None, **query: str) -> dict:
         url = f"{self.uri}/api/2.0/mlflow/{path}" + ("?" + urllib.parse.urlencode(query) if query else "")
@@ -517,6 +528,103 @@ def test_s3_killed_mid_upload_is_one_line_exit_75_never_ready_and_a_retry_is_jud
         assert failed["info"]["status"] == "FAILED", failed["info"]
         tags = {t["key"]: t["value"] for t in failed.get("data", {}).get("tags", [])}
         assert "registered_version" not in tags, tags
+
+
+# The register stage's wait for the gate process's verdict (what a flow run's register step does once its
+# candidate is registered), in a process of its own with the stage's request bounds from params.yaml.
+WAITER = r"""
+import json, sys
+from sentcl.params import read_params
+from sentcl_mlflow import store
+from sentcl_mlflow.registration import _await_gate
+
+params = read_params(overrides=[f"flows.gate_wait_s={sys.argv[3]}"])
+store.bound_requests(store.TrackingConfig.from_params(params))
+print("result " + json.dumps(_await_gate(sys.argv[1], sys.argv[2], params)), flush=True)
+"""
+
+
+class Lines:
+    """A process's stdout, read line by line in a thread, waited on by content."""
+
+    def __init__(self, process: subprocess.Popen) -> None:
+        self.process, self.lines = process, []
+        threading.Thread(
+            target=lambda: self.lines.extend(iter(process.stdout.readline, "")), daemon=True
+        ).start()
+
+    def wait_for(self, text: str, seconds: float) -> float:
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            if any(text in line for line in self.lines):
+                return time.monotonic() - started
+            if self.process.poll() is not None:
+                time.sleep(0.5)  # the reader thread's last lines
+                if any(text in line for line in self.lines):
+                    return time.monotonic() - started
+                pytest.fail(
+                    f"the wait ended ({self.process.returncode}) before {text!r}: {self.lines} "
+                    f"{self.process.stderr.read()[-3000:]}"
+                )
+            time.sleep(0.2)
+        os.killpg(self.process.pid, signal.SIGKILL)
+        pytest.fail(f"no {text!r} in {seconds:.0f}s: {self.lines}")
+
+
+@pytest.mark.slow
+@needs_team
+def test_mlflow_restarted_while_register_waits_for_the_gate_is_ridden_out_and_the_verdict_arrives(stack):
+    """The server stopped (SIGTERM to its process group) and started again on its port while the wait polls: the
+    wait says so in one line, says when it answers again, and returns the verdict the gate then writes; the
+    version is the one it was (nothing registered again). On the code before, the first failed poll ended the
+    wait with a traceback, and the flow's retry of the whole stage was the only way on."""
+    server = stack["server"]
+    name = "sentcl-wait-test"
+    with mlflow_pointed_at(server.uri, ADMIN, registry=True):
+        from mlflow import MlflowClient
+
+        mlc = MlflowClient()
+        mlc.create_registered_model(name)
+        version = mlc.create_model_version(name, source="s3://sentcl-artifacts/candidates/wait-test").version
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAITER, name, str(version), "300"],
+        cwd=ROOT,
+        env=stage_env(server),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    out = Lines(waiter)
+    out.wait_for("waiting up to 300s", 120)
+    server.stop()
+    stopped = time.monotonic()
+    noticed = out.wait_for("stopped answering", 90)
+    restart_s = server.restart()
+    back = out.wait_for("answers again", 60)
+    with mlflow_pointed_at(server.uri, ADMIN, registry=True):
+        mlc = MlflowClient()
+        for key, value in {
+            TAG_DECISION: "reject",
+            **reason_tags(["wait test: scored below the champion"]),
+        }.items():
+            mlc.set_model_version_tag(name, str(version), key, value)
+        versions = [v.version for v in mlc.search_model_versions(f"name='{name}'")]
+    out.wait_for("result ", 60)
+    _, err = waiter.communicate(timeout=30)
+    print(
+        f"\n[mlflow restart] down {time.monotonic() - stopped:.0f}s in all; the wait noticed it {noticed:.1f}s "
+        f"after the stop; the new server started in {restart_s:.1f}s; answered again {back:.1f}s after; "
+        f"stdout: {out.lines}"
+    )
+    assert waiter.returncode == 0 and "Traceback" not in err, err[-3000:]
+    said = [line for line in out.lines if "MLflow server" in line]
+    assert len(said) == 2 and "stopped answering (" in said[0] and "answers again" in said[1], out.lines
+    assert any("the gate's verdict on sentcl-wait-test version 1: REJECT" in line for line in out.lines)
+    result = json.loads(out.lines[-1].removeprefix("result "))
+    assert result["gate"]["decision"] == "reject", result
+    assert result["gate"]["reasons"] == ["wait test: scored below the champion"]
+    assert versions == [str(version)]  # the wait registers nothing
 
 
 def test_a_server_that_answers_only_503_is_transient():
