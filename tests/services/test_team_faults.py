@@ -327,8 +327,13 @@ def stage_command(release: Path, processed: Path, tmp_path: Path) -> list[str]:
 
 
 def start_stage(server: Mlflow, release: Path, processed: Path, tmp_path: Path) -> subprocess.Popen:
+    return start_on(server, stage_command(release, processed, tmp_path))
+
+
+def start_on(server: Mlflow, command: list[str]) -> subprocess.Popen:
+    """``command`` in a session of its own, with the stage's environment on ``server``, its output piped."""
     return subprocess.Popen(
-        stage_command(release, processed, tmp_path),
+        command,
         cwd=ROOT,
         env=stage_env(server),
         stdout=subprocess.PIPE,
@@ -586,15 +591,7 @@ def test_mlflow_restarted_while_register_waits_for_the_gate_is_ridden_out_and_th
         mlc = MlflowClient()
         mlc.create_registered_model(name)
         version = mlc.create_model_version(name, source="s3://sentcl-artifacts/candidates/wait-test").version
-    waiter = subprocess.Popen(
-        [sys.executable, "-c", WAITER, name, str(version), "300"],
-        cwd=ROOT,
-        env=stage_env(server),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    waiter = start_on(server, [sys.executable, "-c", WAITER, name, str(version), "300"])
     out = Lines(waiter)
     out.wait_for("waiting up to 300s", 120)
     server.stop()
