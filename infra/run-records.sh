@@ -44,6 +44,13 @@ end_group() {  # pid: what is left of a session whose leader is gone: TERM, up t
   return 0
 }
 
+workers() {  # the names of the workers recorded in RUN: worker, and worker-2 ... when SENTCL_WORKERS started more
+  local file
+  echo worker
+  for file in "$RUN"/worker-*.pid; do [[ -e "$file" ]] && basename "$file" .pid; done
+  return 0
+}
+
 forget() {  # name
   rm -f "$RUN/$1.pid" "$RUN/$1.start" "$RUN/$1.cmdline"
 }
@@ -75,7 +82,7 @@ end_process() {  # name: stop it if it is ours (TERM, 20 s, KILL), end what is l
   # Prefect's own "force" path.
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
-  if [[ "$name" == worker ]] && kill -0 "$pid" 2>/dev/null; then
+  if [[ "$name" == worker || "$name" == worker-* ]] && kill -0 "$pid" 2>/dev/null; then
     kill -INT "$pid" 2>/dev/null || true
     for _ in $(seq 1 10); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
     forced=" on a second signal"

@@ -18,13 +18,22 @@
 # Safe to run again: what runs is left running, what crashed (a stale PID) is started again, setup is
 # idempotent; after a make serve that was interrupted before it was ready, what it started is stopped first.
 # PIDs, start times, command lines and logs (appended) go to .run/ (0700); `make stop` (infra/stop.sh) ends them.
+# The team's stores: SENTCL_TEAM_STATE=DIR (environment or .env; the state folder of infra/team/team-up, e.g. .run/team) runs MLflow on
+# its PostgreSQL + S3 (DIR/mlflow.env, infra/mlflow-server.sh without store arguments) and the Prefect server on
+# its `prefect` database (DIR/prefect.env). Both files are parsed, never sourced, and hold no secret: the passwords
+# stay in DIR/secrets (each server gets PGPASSFILE, the path of its own role's file; the MLflow server its S3 key
+# file's path). A folder without both files, a key that is not theirs, a secret file that cannot be read, stores that
+# do not answer, or SENTCL_MLFLOW_BACKEND given as well: one line, exit 2, before anything
+# starts. The worker's sandbox hides DIR. Unset: the sqlite store and Prefect's SQLite under PREFECT_HOME, as ever.
+# SENTCL_WORKERS=N (1-16): N workers (worker, worker-2, ...), each sandboxed alike, each one flow run at a time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT="$(pwd)"
 umask 077
 SECRET_KEYS=(PREFECT_AUTH_STRING MLFLOW_AUTH_ADMIN_PASSWORD MLFLOW_FLASK_SERVER_SECRET_KEY SENTCL_GATE_PASSWORD
   SENTCL_REGISTRAR_PASSWORD SENTCL_TEAM_PASSWORD)
-SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENTCL_REGISTRAR_USER SENTCL_TEAM_USER)
+SERVE_KEYS=("${SECRET_KEYS[@]}" MLFLOW_AUTH_ADMIN_USERNAME SENTCL_GATE_USER SENTCL_REGISTRAR_USER SENTCL_TEAM_USER
+  SENTCL_TEAM_STATE)
 is_serve_key() { local k; for k in "${SERVE_KEYS[@]}"; do [[ "$k" == "$1" ]] && return 0; done; return 1; }
 ENV_FILE="${SENTCL_ENV_FILE:-$ROOT/.env}"
 if [[ -f "$ENV_FILE" ]]; then
@@ -73,6 +82,7 @@ if [[ "$SENTCL_REGISTRAR_USER" == "$SENTCL_GATE_USER" ]]; then
 fi
 MLFLOW_AUTH_ADMIN_USERNAME="${MLFLOW_AUTH_ADMIN_USERNAME:-admin}"
 SENTCL_TEAM_USER="${SENTCL_TEAM_USER:-}" SENTCL_TEAM_PASSWORD="${SENTCL_TEAM_PASSWORD:-}"
+SENTCL_TEAM_STATE="${SENTCL_TEAM_STATE:-}"
 # A value left from .env.example, or one easy to guess (shorter than 16 characters, spaces only, or one character
 # repeated), would make a public operator credential (the Prefect auth string starts any deployment; MLflow checks
 # its own passwords, Prefect and Flask check none). Refused before anything starts, naming the key: a value is
@@ -119,6 +129,67 @@ MLFLOW_PORT="${MLFLOW_PORT:-5000}"
 POOL="${SENTCL_POOL:-sentcl-gpu-local}"
 INBOX="${SENTCL_INBOX:-$ROOT/inbox}"
 PREFECT_HOST="${PREFECT_HOST:-127.0.0.1}"
+WORKERS="${SENTCL_WORKERS:-}"
+if [[ -n "$WORKERS" && ! "$WORKERS" =~ ^([1-9]|1[0-6])$ ]]; then
+  echo "serve: SENTCL_WORKERS=$WORKERS is not a number of workers from 1 to 16" >&2
+  exit 2
+fi
+TEAM_STATE="${SENTCL_TEAM_STATE:-}"
+TEAM_MLFLOW_ENV=() TEAM_PREFECT_ENV=()
+if [[ -n "$TEAM_STATE" ]]; then
+  team_refuse() { echo "serve: SENTCL_TEAM_STATE=$TEAM_STATE: $*" >&2; exit 2; }
+  up_hint="run infra/team/team-up --state $TEAM_STATE first"
+  [[ -d "$TEAM_STATE" ]] || team_refuse "no such folder ($up_hint)"
+  TEAM_STATE="$(cd "$TEAM_STATE" && pwd)"
+  # The caller's MLFLOW_TRACKING_URI is not asked: as ever, make serve points its processes at its own server.
+  [[ -z "${SENTCL_MLFLOW_BACKEND:-}" ]] \
+    || team_refuse "SENTCL_MLFLOW_BACKEND is set as well; the team's mlflow.env names MLflow's store: unset one"
+  read_team_env() {  # file, array name, allowed keys...: its KEY=VALUE lines, as they are, into the array
+    local file="$1" line n=0 k a allowed; local -n into="$2"; shift 2
+    [[ -f "$file" && -r "$file" ]] || team_refuse "no readable $(basename "$file") ($up_hint)"
+    while IFS= read -r line || [[ -n "$line" ]]; do
+      n=$((n + 1))
+      [[ "$line" =~ ^[[:space:]]*(#|$) ]] && continue
+      [[ "$line" =~ ^([A-Za-z_][A-Za-z0-9_]*)=(.*)$ ]] || team_refuse "$(basename "$file") line $n is not KEY=VALUE"
+      k="${BASH_REMATCH[1]}" allowed=""
+      for a in "$@"; do [[ "$a" == "$k" ]] && allowed=1; done
+      [[ -n "$allowed" ]] || team_refuse "$(basename "$file") line $n sets $k, not one of its keys ($*)"
+      into+=("$line")
+    done <"$file"
+  }
+  team_value() {  # file name, array name, key: its value (printed), or a refusal naming it (exit 2)
+    local entry; local -n from="$2"
+    for entry in "${from[@]}"; do [[ "$entry" == "$3="* ]] && { printf '%s' "${entry#*=}"; return; }; done
+    team_refuse "$1 has no $3 ($up_hint)"
+  }
+  read_team_env "$TEAM_STATE/mlflow.env" TEAM_MLFLOW_ENV MLFLOW_BACKEND_STORE_URI SENTCL_MLFLOW_USERS_DB \
+    MLFLOW_ARTIFACTS_DESTINATION MLFLOW_S3_ENDPOINT_URL AWS_SHARED_CREDENTIALS_FILE AWS_CONFIG_FILE \
+    AWS_DEFAULT_REGION PGPASSFILE
+  read_team_env "$TEAM_STATE/prefect.env" TEAM_PREFECT_ENV PREFECT_SERVER_DATABASE_CONNECTION_URL PGPASSFILE
+  # Plain assignments: a refusal in $(...) ends the script (set -e) with its exit 2.
+  team_value mlflow.env TEAM_MLFLOW_ENV MLFLOW_BACKEND_STORE_URI >/dev/null
+  team_value mlflow.env TEAM_MLFLOW_ENV MLFLOW_ARTIFACTS_DESTINATION >/dev/null
+  mlflow_pgpass="$(team_value mlflow.env TEAM_MLFLOW_ENV PGPASSFILE)"
+  s3_key="$(team_value mlflow.env TEAM_MLFLOW_ENV AWS_SHARED_CREDENTIALS_FILE)"
+  s3_endpoint="$(team_value mlflow.env TEAM_MLFLOW_ENV MLFLOW_S3_ENDPOINT_URL)"
+  prefect_pgpass="$(team_value prefect.env TEAM_PREFECT_ENV PGPASSFILE)"
+  PREFECT_DB="$(team_value prefect.env TEAM_PREFECT_ENV PREFECT_SERVER_DATABASE_CONNECTION_URL)"
+  for secret in "$mlflow_pgpass" "$s3_key" "$prefect_pgpass"; do
+    [[ -f "$secret" && -r "$secret" ]] || team_refuse "cannot read the secret file $secret ($up_hint)"
+  done
+  # The password stays in the file PGPASSFILE names (asyncpg reads it): a URI with one would be in the settings
+  # the server logs; a ${PREFECT_SERVER_DATABASE_PASSWORD} placeholder would need it in the server's environ.
+  [[ "$PREFECT_DB" =~ ^postgresql\+asyncpg://[A-Za-z0-9_]+@([0-9.]+|localhost):([0-9]+)/[A-Za-z0-9_]+$ ]] \
+    || team_refuse "PREFECT_SERVER_DATABASE_CONNECTION_URL is not postgresql+asyncpg://ROLE@HOST:PORT/DATABASE without a password"
+  pg_port="${BASH_REMATCH[2]}"
+  [[ "$s3_endpoint" =~ ^http://127\.0\.0\.1:([0-9]+)$ ]] || team_refuse "MLFLOW_S3_ENDPOINT_URL $s3_endpoint is not team-up's"
+  s3_port="${BASH_REMATCH[1]}"
+  for what in "PostgreSQL:$pg_port" "S3:$s3_port"; do
+    (exec 3<>"/dev/tcp/127.0.0.1/${what#*:}") 2>/dev/null \
+      || team_refuse "the team's ${what%%:*} on 127.0.0.1:${what#*:} does not answer ($up_hint)"
+  done
+  unset up_hint pg_port s3_endpoint s3_port what secret mlflow_pgpass prefect_pgpass s3_key PREFECT_DB
+fi
 # As root, the worker's sandbox runs as an unprivileged account of its own (created here when missing), which
 # owns the pipeline's outputs and nothing else: it cannot read the gate's scratch, .env or the run folder even
 # where the sandbox's mounts would let it. An ordinary user's sandbox maps its root to that user instead.
@@ -148,7 +219,7 @@ if ! flock -n 9; then
 fi
 if [[ "$(cat "$RUN/serve.state" 2>/dev/null)" == starting ]]; then
   echo "serve: the last make serve was interrupted before it was ready; stopping what it started first"
-  for name in watcher worker gate mlflow-server prefect-server; do
+  for name in watcher $(workers) gate mlflow-server prefect-server; do
     if [[ -f "$RUN/$name.pid" ]]; then end_process "$name" || true; fi
   done
 fi
@@ -225,10 +296,16 @@ wait_log() {  # name, pattern, what: this start's part of its log shows the patt
 
 # The server alone holds the auth string as PREFECT_SERVER_API_AUTH_STRING; CORS admits only its own UI
 # (compose's PREFECT_UI_ORIGIN is not make serve's).
+# On the team's PostgreSQL (SENTCL_TEAM_STATE) it gets prefect.env's URI and PGPASSFILE too (no one else does);
+# it migrates its database in its start-up, before /api/health answers and so before any worker starts.
+PREFECT_SERVER_COMMAND=("$BIN/prefect" server start --host "$PREFECT_HOST" --port "$PREFECT_PORT")
+if [[ -n "$TEAM_STATE" ]]; then
+  PREFECT_SERVER_COMMAND=(env -u PGPASSWORD "${TEAM_PREFECT_ENV[@]}" "${PREFECT_SERVER_COMMAND[@]}")
+fi
 PREFECT_SERVER_API_AUTH_STRING="$PREFECT_AUTH_STRING" \
 PREFECT_SERVER_CSRF_PROTECTION_ENABLED=true \
 PREFECT_SERVER_CORS_ALLOWED_ORIGINS="http://127.0.0.1:$PREFECT_PORT" \
-  start prefect-server "$BIN/prefect" server start --host "$PREFECT_HOST" --port "$PREFECT_PORT"
+  start prefect-server "${PREFECT_SERVER_COMMAND[@]}"
 wait_http prefect-server "http://127.0.0.1:$PREFECT_PORT/api/health" 120
 # Flows started by hand from this checkout find the server here (flows/__init__.py), while its pid is alive.
 echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
@@ -236,18 +313,27 @@ echo "$PREFECT_API_URL" >"$RUN/prefect-api-url"
 # MLflow: the tracking + registry server over the store that `make run` fills (sqlite + mlartifacts), with
 # the basic-auth app. From here on everything this script starts talks to it over HTTP, never to the file.
 STORE="${SENTCL_MLFLOW_BACKEND:-${MLFLOW_TRACKING_URI:-sqlite:///$ROOT/mlflow.db}}"
-if [[ "$STORE" == sqlite:* ]]; then
+[[ -n "$TEAM_STATE" ]] && STORE=team
+if [[ "$STORE" == sqlite:* || "$STORE" == team ]]; then
   # The artifacts folder beside the database, where `make run` keeps them (sentcl_mlflow.store), is the one the
   # server serves. The worker's sandbox cannot write it (the production versions' files are there), so every
   # experiment whose artifact root is a file: path in it (the ones `make run` creates) logs through the server
   # from now on, which checks the account at each upload; runs logged before keep their files
   # (sentcl_mlflow.artifact_roots; one line and exit 2 for an experiment of ours the server cannot serve).
-  ARTIFACTS="$(dirname "${STORE#sqlite:///}")/mlartifacts"
-  "$BIN/python" -m sentcl_mlflow.artifact_roots --store "$STORE" || exit 2
+  if [[ "$STORE" == team ]]; then
+    # The team's: mlflow.env's stores (infra/mlflow-server.sh checks them whole), the server's own S3 key file
+    # and PGPASSFILE; the caller's AWS keys or PostgreSQL password would win over those files, so they are dropped.
+    STORE_ARGS=() MLFLOW_STORE_ENV=(env -u AWS_ACCESS_KEY_ID -u AWS_SECRET_ACCESS_KEY -u AWS_SESSION_TOKEN
+      -u AWS_PROFILE -u PGPASSWORD "${TEAM_MLFLOW_ENV[@]}")
+  else
+    ARTIFACTS="$(dirname "${STORE#sqlite:///}")/mlartifacts"
+    "$BIN/python" -m sentcl_mlflow.artifact_roots --store "$STORE" || exit 2
+    STORE_ARGS=("$STORE" "$ARTIFACTS") MLFLOW_STORE_ENV=()
+  fi
   # The script creates the admin with a short-lived bootstrap, then execs the server without the password.
   MLFLOW_BIN="$BIN/mlflow" MLFLOW_AUTH_ADMIN_USERNAME="$MLFLOW_AUTH_ADMIN_USERNAME" \
   MLFLOW_AUTH_ADMIN_PASSWORD="$MLFLOW_AUTH_ADMIN_PASSWORD" MLFLOW_FLASK_SERVER_SECRET_KEY="$MLFLOW_FLASK_SERVER_SECRET_KEY" \
-    start mlflow-server bash infra/mlflow-server.sh "$MLFLOW_PORT" "$STORE" "$ARTIFACTS"
+    start mlflow-server "${MLFLOW_STORE_ENV[@]}" bash infra/mlflow-server.sh "$MLFLOW_PORT" "${STORE_ARGS[@]}"
   wait_http mlflow-server "http://127.0.0.1:$MLFLOW_PORT/health" 180
   export MLFLOW_TRACKING_URI="${MLFLOW_PUBLIC_URI:-http://127.0.0.1:$MLFLOW_PORT}"
   # The passwords on its stdin, not in its environ: a worker left running by an earlier `make serve` (its flow
@@ -295,7 +381,8 @@ SANDBOX=()
 for path in data models metrics reports checkpoints runs .dvc/tmp .dvc/cache dvc.lock "$INBOX"; do
   [[ -e "$path" ]] && SANDBOX+=(--writable "$path")
 done
-for path in "$ENV_FILE" .env infra/.env "$RUN"; do SANDBOX+=(--hide "$path"); done
+# The Prefect server's home (its database; a folder the worker cannot read, which DVC's ignore walk would trip on).
+for path in "$ENV_FILE" .env infra/.env "$RUN" "$PREFECT_HOME" ${TEAM_STATE:+"$TEAM_STATE"}; do SANDBOX+=(--hide "$path"); done
 # What it runs (the checkout, the .venv and the Python it was made from) and the inbox stay visible; the rest of
 # the operator's home (shell history, profiles) is covered by an empty folder, as /tmp is by a private one.
 for path in "$ROOT" "$VENV" "$("$BIN/python" -c 'import sys; print(sys.base_prefix)')" "$INBOX"; do
@@ -313,18 +400,30 @@ if (( EUID == 0 )); then
   (( ${#given[@]} )) && echo "serve: gave ${given[*]} to $WORKER_USER, the worker's account"
   SANDBOX+=(--user "$WORKER_USER")
 fi
-PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
-MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
-PREFECT_HOME=/dev/shm/home/.prefect DVC_SITE_CACHE_DIR=/dev/shm/dvc \
-  start worker env --default-signal=INT bash infra/worker-sandbox.sh "${SANDBOX[@]}" -- \
-  "$BIN/prefect" worker start --pool "$POOL" --type process
-wait_log worker "Worker '.*' started!" "the worker (in its sandbox)"
+# SENTCL_WORKERS=N: N workers (worker, worker-2, ...), each in a sandbox of its own made alike, each running one
+# flow run at a time (--limit 1): N flow runs at once, of deployments each still held to its concurrency_limit
+# (infra/prefect.yaml). Unset: one worker, no limit of its own.
+WORKER_NAMES=(worker) WORKER_LIMIT=()
+if [[ -n "$WORKERS" ]]; then
+  for n in $(seq 2 "$WORKERS"); do WORKER_NAMES+=("worker-$n"); done
+  WORKER_LIMIT=(--limit 1)
+fi
+for name in "${WORKER_NAMES[@]}"; do
+  PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" SENTCL_REGISTRY_ROLE=registrar \
+  MLFLOW_TRACKING_USERNAME="$SENTCL_REGISTRAR_USER" MLFLOW_TRACKING_PASSWORD="$SENTCL_REGISTRAR_PASSWORD" \
+  PREFECT_HOME=/dev/shm/home/.prefect DVC_SITE_CACHE_DIR=/dev/shm/dvc \
+    start "$name" env --default-signal=INT bash infra/worker-sandbox.sh "${SANDBOX[@]}" -- \
+    "$BIN/prefect" worker start --pool "$POOL" --type process "${WORKER_LIMIT[@]}"
+done
+for name in "${WORKER_NAMES[@]}"; do
+  wait_log "$name" "Worker '.*' started!" "the $name (in its sandbox)"
+done
 PREFECT_API_AUTH_STRING="$PREFECT_AUTH_STRING" start watcher "$BIN/python" -m flows.watch --folder "$INBOX"
 # A file that lands before the watcher observes the folder would be missed (the nightly run still takes it).
 wait_log watcher "^watch: watching" "the inbox watcher"
 
 # What `make stop` checks before it signals a PID: the command line each process runs now (after exec).
-for name in prefect-server mlflow-server gate worker watcher; do
+for name in prefect-server mlflow-server gate "${WORKER_NAMES[@]}" watcher; do
   if alive "$name"; then record "$name"; fi
 done
 

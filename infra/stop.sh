@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 RUN="${SENTCL_RUN_DIR:-$(pwd)/.run}"
 source infra/run-records.sh
 stopped=0
-for name in serve watcher worker gate mlflow-server prefect-server; do
+for name in serve watcher $(workers) gate mlflow-server prefect-server; do
   [[ -f "$RUN/$name.pid" ]] || continue
   end_process "$name" && stopped=$((stopped + 1))
 done

@@ -20,7 +20,9 @@ behind JWT keys of its own) with one S3 identity per role on the bucket ``sentcl
 It returns once ``pg_isready`` and an S3 ListBuckets answer. Passwords, keys and JWT secrets are random, written
 0600 under ``DIR/secrets`` (PostgreSQL's and SeaweedFS's own files in their folders), never printed or put in an
 argv. ``DIR/mlflow.env`` (no secret in it: URIs without passwords, paths of the key files) is the MLflow
-server's switch: ``set -a; . DIR/mlflow.env; set +a; infra/mlflow-server.sh 5000``. Run as root, both servers run
+server's switch: ``set -a; . DIR/mlflow.env; set +a; infra/mlflow-server.sh 5000``; ``DIR/prefect.env`` (the
+``prefect`` database's URI without its password, and ``PGPASSFILE``) the Prefect server's. ``SENTCL_TEAM_STATE=DIR
+make serve`` uses both (infra/serve.sh). Run as root, both servers run
 as the unprivileged account ``SENTCL_STORE_USER`` (default ``sentcl-store``, created when missing), which owns
 their data and nothing else; PostgreSQL refuses root. ``up`` again with the servers up changes nothing; after
 ``down`` it starts them again on the same ports, data and secrets. ``down`` ends exactly the PIDs it recorded.
@@ -394,6 +396,17 @@ def mlflow_env(state: State, config: dict) -> str:
     return "".join(f"{k}={v}\n" for k, v in values.items())
 
 
+def prefect_env(state: State, config: dict) -> str:
+    """The Prefect server's switch: its database URI (no password) and the libpq password file asyncpg reads."""
+    values = {
+        "PREFECT_SERVER_DATABASE_CONNECTION_URL": (
+            f"postgresql+asyncpg://prefect@127.0.0.1:{config['postgres_port']}/prefect"
+        ),
+        "PGPASSFILE": str(state.secrets / "prefect.pgpass"),
+    }
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
 def up(state: State) -> None:
     started = time.monotonic()
     bindir = postgres_bin()
@@ -434,12 +447,14 @@ def up(state: State) -> None:
     config["account"] = account
     state.save(config)
     write_secret(state.dir / "mlflow.env", mlflow_env(state, config))
+    write_secret(state.dir / "prefect.env", prefect_env(state, config))
     say(
         f"up in {time.monotonic() - started:.1f} s: PostgreSQL 127.0.0.1:{config['postgres_port']} (databases "
         f"mlflow, mlflow_users, prefect), S3 http://127.0.0.1:{config['s3_port']} (buckets {', '.join(BUCKETS)}; "
         f"identities {', '.join(ROLES)}); secrets in {state.secrets} (0600)"
     )
     say(f"MLflow on them: set -a; . {state.dir / 'mlflow.env'}; set +a; infra/mlflow-server.sh 5000")
+    say(f"make serve on them (MLflow and Prefect): SENTCL_TEAM_STATE={state.dir} make serve")
 
 
 def down(state: State) -> None:
