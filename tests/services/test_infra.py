@@ -557,6 +557,22 @@ def test_make_serve_starts_every_server_on_loopback_and_make_stop_ends_them(tmp_
         # The run files with secrets in them: the owner's alone.
         for secret_file in ("mlflow-auth.ini", "mlflow-users.db"):
             assert (tmp_path / "run" / secret_file).stat().st_mode & 0o077 == 0, secret_file
+        assert (tmp_path / "run").stat().st_mode & 0o077 == 0  # the run folder itself: 0700
+        # Inside the worker's sandbox the run folder and the Prefect server's home (its database) are empty
+        # tmpfs mounts: not readable, and no folder the worker cannot enter (DVC's walk of the checkout failed on
+        # the server's home, 0700 root's, in a real retrain when it sat in the checkout as `.prefect/`).
+        sandboxed = [
+            pid
+            for pid in _processes_with(str(tmp_path / "run").encode())
+            if b"PREFECT_HOME=/dev/shm/home/.prefect" in _environ(pid).split(b"\0")
+        ]
+        assert sandboxed, "no process of the worker's sandbox found"
+        mounts = {
+            line.split()[4]: line.split(" - ")[1].split()[0]
+            for line in Path(f"/proc/{sandboxed[0]}/mountinfo").read_text().splitlines()
+        }
+        for hidden in (tmp_path / "run", tmp_path / "prefect"):
+            assert mounts.get(str(hidden.resolve())) == "tmpfs", (hidden, sorted(mounts))
         # The worker runs as the registrar's account against the HTTP server, not the sqlite file.
         worker_env = _environ(pids["worker"]).split(b"\0")
         assert f"MLFLOW_TRACKING_URI=http://127.0.0.1:{mlflow_port}".encode() in worker_env
