@@ -290,3 +290,17 @@ def test_the_gates_watch_of_the_champion_tells_a_load_in_place_from_a_change(reg
         code.write_bytes(original)
         cache.write_bytes(cached)
         mlc.delete_registered_model_alias(name, "champion")
+
+
+def test_a_model_past_the_gates_size_limit_is_refused_after_download_before_any_check(registered, tmp_path):
+    """``gate.max_model_mb`` (the gate's ``download_verified(..., max_bytes)``): a version whose files together
+    hold more is refused in one line naming the limit; the same version within it downloads and verifies."""
+    from sentcl_mlflow.registry.download import download_verified
+
+    root = download_verified(registered["uri"], tmp_path / "within", max_bytes=10 * 2**30)
+    total = sum(p.lstat().st_size for p in root.rglob("*") if not p.is_dir())
+    assert (root / ENCODER / "model.safetensors").is_file() and total > 0
+    with pytest.raises(OverflowError) as refused:
+        download_verified(registered["uri"], tmp_path / "past", max_bytes=total - 1)
+    message = str(refused.value)
+    assert "more than gate.max_model_mb" in message and "\n" not in message, message
