@@ -356,3 +356,41 @@ def test_domain_pairs_past_the_gates_limits_are_refused_unread_and_the_next_cand
     assert not any(name in (p.name for p in entries) for name in LEFTOVERS)
     assert f"gate: removed {len(LEFTOVERS)} entries a previous gate left in {scratch}" in _gate_log(serve)
     print(f"finding 3 (bounded reads): refusals {refused_s:.0f} s, all {time.monotonic() - began:.0f} s")
+
+
+def _peak_rss_mib(pid: int) -> float:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmHWM:")).split()[1]) / 1024
+
+
+def test_a_sparse_table_planted_over_the_dev_pairs_is_never_read_and_judging_goes_on(
+    serve, monkeypatch, tmp_path
+):
+    """The worker owns data/processed: the dev pairs table grown in place into a 2 GiB sparse file (what the
+    audit planted) after the gate pinned its copy. The next candidate is judged on the pinned copy, scored, its
+    verdict in one line; the gate's peak memory does not grow by the table, and its pinned copy is unchanged."""
+    pairs = serve["pairs"]
+    scratch = serve["run"] / "gate"
+    pinned = next(p for p in scratch.iterdir() if p.name.startswith("sentcl-gate-")) / "pairs.parquet"
+    pinned_bytes = pinned.read_bytes()
+    gate_pid = int((serve["run"] / "gate.pid").read_text().split()[0])
+    peak_before = _peak_rss_mib(gate_pid)
+    with open(pairs, "r+b") as table:
+        table.truncate(2 * 2**30)  # holes: 2 GiB to a reader, a few KiB on disk
+    assert pairs.stat().st_size == 2 * 2**30
+
+    mlc = _as(monkeypatch, serve, REGISTRAR)
+    good = _changed_on_the_domain(serve["good"], tmp_path / "good-sparse", scale=0.0, nudge=4e-3)
+    version, _ = _register(good, 10.0, 10.0)
+    found = _verdict(mlc, version)
+    tags = _tags(mlc, version)
+    assert found["decision"] in ("promoted", "rejected"), (found, _gate_log(serve)[-3000:])
+    assert "gate.stsb_dev" in tags, tags  # scored, on the pinned pairs
+    line = _judged_in_one_line(serve, version, found["decision"].upper())
+    assert "ArrowInvalid" not in _gate_log(serve) and "\n" not in line
+    peak_after = _peak_rss_mib(gate_pid)
+    assert peak_after - peak_before < 256, (peak_before, peak_after)
+    assert pinned.read_bytes() == pinned_bytes
+    print(
+        f"sparse plant: judged {found['decision']}, gate peak RSS {peak_before:.0f} -> {peak_after:.0f} MiB"
+    )
