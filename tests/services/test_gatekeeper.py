@@ -102,7 +102,7 @@ def gate_process(auth_server, tmp_path_factory):  # noqa: F811 (the fixture impo
         time.sleep(0.5)
     yield {"process": process, "log": log, "processed": processed, "base": base, **models}
     process.terminate()
-    process.wait(20)
+    process.wait(60)  # its SIGTERM unwinds a judgment in flight: seconds alone, more on a loaded machine
 
 
 def _register(

@@ -102,7 +102,10 @@ def test_a_model_version_lands_in_s3_through_the_proxy_and_loads_by_alias(team, 
         with c.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM runs WHERE run_uuid = %s", (run,))
             assert cursor.fetchone()[0] == 1
-            cursor.execute("SELECT version FROM registered_model_aliases WHERE alias = 'champion'")
+            cursor.execute(  # this test's model: others on the session's stack have a champion too
+                "SELECT version FROM registered_model_aliases WHERE alias = 'champion' AND name = %s",
+                ("sentcl-team-test",),
+            )
             assert [str(v) for (v,) in cursor.fetchall()] == [str(version)]
     print(f"team-up {team['seconds']:.1f} s, MLflow server on them {team_mlflow_env['seconds']:.1f} s")
 
