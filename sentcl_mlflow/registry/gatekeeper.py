@@ -189,9 +189,8 @@ def wait_for_verdict(
     from sentcl_mlflow.errors import describe, unreachable
     from sentcl_mlflow.store import client
 
-    mlc = None
     deadline = time.monotonic() + timeout_s
-    outage: tuple[Exception, float] | None = None
+    mlc, last_error, down_since = None, None, None
     while True:
         try:
             mlc = mlc or client()  # client() asks /health first: a server down at the start is an outage too
@@ -199,19 +198,20 @@ def wait_for_verdict(
         except Exception as e:
             if not unreachable(e) or time.monotonic() >= deadline:
                 raise
-            if outage is None:
+            if down_since is None:
                 say(
                     f"register: the MLflow server stopped answering ({describe(e)}) while waiting for the "
                     f"gate's verdict on {name} version {version}; polling it until the wait ends"
                 )
-            outage, found = (e, outage[1] if outage else time.monotonic()), None
+                down_since = time.monotonic()
+            last_error, found = e, None
         else:
-            if outage is not None:
-                say(f"register: the MLflow server answers again after {time.monotonic() - outage[1]:.0f}s")
-                outage = None
+            if down_since is not None:
+                say(f"register: the MLflow server answers again after {time.monotonic() - down_since:.0f}s")
+                down_since = None
         if found is not None or time.monotonic() >= deadline:
-            if found is None and outage is not None:
-                raise outage[0]
+            if found is None and down_since is not None:
+                raise last_error
             return found
         time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
