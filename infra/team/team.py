@@ -85,6 +85,15 @@ def weed_bin() -> Path:
     return Path(found)
 
 
+def system_tool(name: str) -> str:
+    """An administrator's program (runuser, useradd): on PATH, or in /usr/sbin or /sbin, which a root shell
+    started without a login (su, sudo -s, a service) may not have on its PATH."""
+    found = shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+    if not found:
+        raise TeamError(f"no {name} on PATH, in /usr/sbin or in /sbin (util-linux / passwd)")
+    return found
+
+
 def store_account() -> str | None:
     """As root: the account both servers run as (created when missing). Otherwise None: they run as this user."""
     if os.geteuid() != 0:
@@ -95,7 +104,14 @@ def store_account() -> str | None:
             raise TeamError(f"SENTCL_STORE_USER={name} is root: PostgreSQL needs an unprivileged account")
     except KeyError:
         subprocess.run(
-            ["useradd", "--system", "--user-group", "--no-create-home", "--home-dir", "/nonexistent"]
+            [
+                system_tool("useradd"),
+                "--system",
+                "--user-group",
+                "--no-create-home",
+                "--home-dir",
+                "/nonexistent",
+            ]
             + ["--shell", "/usr/sbin/nologin", name],
             check=True,
             capture_output=True,
@@ -105,7 +121,7 @@ def store_account() -> str | None:
 
 
 def as_account(account: str | None, command: list[str]) -> list[str]:
-    return ["runuser", "-u", account, "--", *command] if account else command
+    return [system_tool("runuser"), "-u", account, "--", *command] if account else command
 
 
 def give(account: str | None, *paths: Path) -> None:
